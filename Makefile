@@ -1,0 +1,36 @@
+# The two commands a user needs: `make demo` and `make test`. Both set up .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+PIP := $(VENV)/bin/pip
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+
+.PHONY: demo test install install-dev clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# pip takes torch==2.13.0 (CPU) from constraints.txt; an unpinned torch would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) install --quiet -c constraints.txt -e ".[log]"
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) install --quiet -c constraints.txt -e ".[dev,log]"
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/genforge train dit-shapes --run-dir runs/demo
+	$(VENV)/bin/genforge sample runs/demo --n 64 --seed 0 --out runs/demo/samples/demo-grid.png
+	$(VENV)/bin/genforge eval runs/demo --metrics judge --n 256
+	@echo "Samples: runs/demo/samples/demo-grid.png (one class per cell in turn); training previews in runs/demo/samples/"
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,3 @@
+from genforge.cli import main
+
+main()

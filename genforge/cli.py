@@ -1,0 +1,169 @@
+"""genforge command line: parses, validates, calls. Bad input or config exits with code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Train generative vision models: tokenizers and generators, one engine.")
+data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Built-in data sets.")
+app.add_typer(data_app, name="data")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"genforge: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def train(
+    config: Annotated[Optional[str], typer.Argument(help="preset name or YAML file (default: dit-shapes)")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set train.lr=3e-4")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="run directory (default: runs/<name>)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the resolved config and parameter count")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="start over in a new run directory")] = False,
+) -> None:
+    """Train; running the same command again resumes from the latest checkpoint."""
+    from genforge.config import ConfigError, load_config, to_yaml
+
+    try:
+        cfg = load_config(config, set_ or [])
+    except ConfigError as err:
+        _fail(str(err))
+    target = run_dir or Path("runs") / cfg.name
+    if dry_run:
+        from genforge.engine.runs import build_task, count_parameters
+
+        try:
+            task = build_task(cfg, device="meta")
+        except (ValueError, FileNotFoundError) as err:
+            _fail(str(err))
+        typer.echo(to_yaml(cfg).rstrip())
+        counts = count_parameters(task)
+        typer.echo("# parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+        typer.echo(f"# run directory: {target}")
+        return
+    from genforge.engine.trainer import Trainer, TrainingError
+
+    try:
+        trainer = Trainer(cfg, target, fresh=fresh)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+    try:
+        out = trainer.fit()
+    except TrainingError as err:
+        _fail(str(err), code=1)
+    if trainer.accelerator.is_main_process:
+        samples = sorted((out / "samples").glob("*.png"))
+        typer.echo(f"run directory: {out}")
+        if samples:
+            typer.echo(f"samples: {samples[-1]}")
+
+
+def _open_run(run_dir: Path):
+    from genforge.config import ConfigError
+    from genforge.engine.runs import load_run
+
+    device = "cuda" if _cuda() else "cpu"
+    try:
+        return load_run(run_dir, device=device), device
+    except (ConfigError, ValueError) as err:
+        _fail(str(err))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@app.command()
+def sample(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
+    n: Annotated[int, typer.Option(min=1, help="number of samples")] = 16,
+    out: Annotated[Optional[Path], typer.Option(help="PNG grid to write (default: RUN_DIR/samples/sample-...)")] = None,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
+    steps: Annotated[Optional[int], typer.Option(min=1, help="sampling steps (respaced)")] = None,
+    cfg_scale: Annotated[Optional[float], typer.Option(min=1.0, help="classifier-free guidance scale")] = None,
+    label: Annotated[Optional[int], typer.Option(min=0, help="class label for every sample")] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="text prompt (text-conditioned families)")] = None,
+) -> None:
+    """Write a PNG grid of samples from the run's EMA weights."""
+    from genforge.engine.logging import save_grid
+    from genforge.eval.run import generate
+
+    run, device = _open_run(run_dir)
+    if prompt is not None:
+        _fail(f"--prompt: family {run.config.model.family!r} is not text-conditioned")
+    opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale, "label": label}.items() if v is not None}
+    try:
+        images, _ = generate(run.task, n, seed, device, progress=True, **opts)
+    except ValueError as err:
+        _fail(str(err))
+    path = out or run_dir / "samples" / f"sample-step{run.step:06d}-seed{seed}.png"
+    save_grid(images, path)
+    typer.echo(f"wrote {n} samples ({json.dumps(run.task.sampler_settings(**opts))}) to {path}")
+
+
+@app.command("eval")
+def evaluate(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
+    metrics: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. judge")] = None,
+    n: Annotated[Optional[int], typer.Option(min=1, help="number of generated samples")] = None,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
+    steps: Annotated[Optional[int], typer.Option(min=1)] = None,
+    cfg_scale: Annotated[Optional[float], typer.Option(min=1.0)] = None,
+) -> None:
+    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json."""
+    from genforge.eval.run import evaluate_task
+
+    run, device = _open_run(run_dir)
+    names = metrics.split(",") if metrics else run.config.eval.metrics
+    opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale}.items() if v is not None}
+    try:
+        results = evaluate_task(run.task, run.config, names, n or run.config.eval.n, seed, device, **opts)
+    except ValueError as err:
+        _fail(str(err))
+    out = run_dir / "eval" / f"{run.step}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"step": run.step, **results}, indent=1))
+    for key, value in results.items():
+        typer.echo(f"{key:>16}: {value:.4f}" if isinstance(value, float) else f"{key:>16}: {value}")
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
+def presets() -> None:
+    """List the built-in presets: name, family, description."""
+    from genforge.config import list_presets, load_config
+
+    for name, description in list_presets().items():
+        typer.echo(f"{name:<22} {load_config(name).model.family:<8} {description}")
+
+
+@data_app.command("shapes")
+def data_shapes(
+    out: Annotated[Path, typer.Option(help="folder to write")],
+    n: Annotated[int, typer.Option(min=1, help="number of images")] = 1000,
+    image_size: Annotated[int, typer.Option(min=16, help="pixels")] = 64,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
+) -> None:
+    """Write the built-in shapes data set as an image folder (class sub-folders, .txt captions)."""
+    from genforge.data.shapes import write_shapes_folder
+
+    root = write_shapes_folder(out, n, image_size, seed=seed)
+    typer.echo(f"wrote {n} images of {image_size}x{image_size} to {root}")
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,101 @@
+"""Shared pydantic v2 sections of a run config: data, train, eval, log (extra keys are errors)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StrictModel(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ShapesConfig(StrictModel):
+    """The built-in procedural `shapes` data set (genforge.data.shapes)."""
+
+    n: int = Field(20_000, gt=0, description="number of distinct images (index range)")
+    seed: int = Field(0, ge=0)
+    min_shapes: int = Field(1, ge=1, le=3)
+    max_shapes: int = Field(3, ge=1, le=3)
+    textured_fraction: float = Field(0.5, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "ShapesConfig":
+        if self.min_shapes > self.max_shapes:
+            raise ValueError(f"min_shapes={self.min_shapes} must be <= max_shapes={self.max_shapes}")
+        return self
+
+
+class DataConfig(StrictModel):
+    """Where samples come from and how they are preprocessed."""
+
+    source: Literal["shapes", "folder"] = "shapes"
+    path: str | None = Field(None, description="image folder (source=folder)")
+    image_size: int = Field(32, ge=8, le=4096)
+    flip: bool = Field(True, description="random horizontal flip")
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="held-out share, split by a hash of the path")
+    num_workers: int = Field(2, ge=0, le=64, description="decoding worker processes per rank")
+    shapes: ShapesConfig = ShapesConfig()
+
+    @model_validator(mode="after")
+    def _path_for_folder(self) -> "DataConfig":
+        if self.source == "folder" and not self.path:
+            raise ValueError("data.path is required when data.source is 'folder'")
+        return self
+
+
+class TrainConfig(StrictModel):
+    """Optimisation and cadences; every count is in optimizer steps."""
+
+    steps: int = Field(1000, gt=0, description="total optimizer steps")
+    batch_size: int = Field(32, gt=0, description="global batch (all ranks x accumulation)")
+    lr: float = Field(1e-4, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine floor as a share of lr")
+    grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables")
+    grad_accum: int = Field(1, ge=1)
+    precision: Literal["no", "bf16", "fp16"] = "no"
+    seed: int = Field(0, ge=0)
+    ema_decay: float = Field(0.9999, ge=0.0, lt=1.0)
+    ema_warmup: bool = Field(True, description="decay ramps as min(decay, (1+n)/(10+n))")
+    ema_start: int = Field(0, ge=0, description="steps before EMA starts averaging (it copies until then)")
+    log_every: int = Field(10, gt=0)
+    sample_every: int = Field(500, ge=0, description="0: only at the end")
+    num_samples: int = Field(16, gt=0, le=256, description="images in each preview grid")
+    checkpoint_every: int = Field(500, ge=0, description="0: only at the end")
+    keep_last: int = Field(2, ge=2, description="checkpoints kept (at least 2)")
+    max_nonfinite_skips: int = Field(10, ge=1, description="consecutive non-finite steps before the run stops")
+
+    @model_validator(mode="after")
+    def _batch_divisible(self) -> "TrainConfig":
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"train.batch_size={self.batch_size} must be divisible by train.grad_accum={self.grad_accum}"
+            )
+        for i, beta in enumerate(self.betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"train.betas[{i}]={beta} must be in [0, 1)")
+        return self
+
+
+class EvalConfig(StrictModel):
+    """Periodic evaluation during training (also the defaults of `genforge eval`)."""
+
+    every: int = Field(0, ge=0, description="0: no evaluation during training")
+    metrics: list[Literal["judge"]] = ["judge"]
+    n: int = Field(256, gt=0)
+
+
+class LogConfig(StrictModel):
+    """Where scalars and images go besides metrics.jsonl and samples/."""
+
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "genforge"
+    progress: bool = True

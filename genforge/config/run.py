@@ -1,0 +1,29 @@
+"""RunConfig: model (a union discriminated by `family`) + data + train + eval + log."""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import Field, model_validator
+
+from genforge.config.base import DataConfig, EvalConfig, LogConfig, StrictModel, TrainConfig
+from genforge.families import FAMILY_CONFIGS
+
+ModelConfig = Annotated[Union[FAMILY_CONFIGS], Field(discriminator="family")]  # type: ignore[valid-type]
+
+
+class RunConfig(StrictModel):
+    """A complete, validated training run."""
+
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="default run directory name")
+    description: str = ""
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "RunConfig":
+        self.model.check_run(self)
+        return self

@@ -1,0 +1,149 @@
+"""One loader builder for every source: a step-indexed, rank-sharded sampler and a collate that drops
+(and reports) samples that could not be read.
+
+The data position is a pure function of the optimizer step: optimizer step `s` consumes global batch
+`s mod batches_per_epoch` of epoch `s div batches_per_epoch`, whose order is a permutation seeded by
+(seed, epoch). Each micro-batch of each rank is a fixed slice of that global batch, so 1 process with
+batch B, 2 processes with B/2 each, and 2 accumulation steps of B/2 all see exactly the same samples,
+and resuming at step `s` needs nothing but `s`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from genforge.config.base import DataConfig
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a family needs to know about its data to build its model."""
+
+    num_classes: int
+    channels: int
+    image_size: int
+
+
+def build_dataset(cfg: DataConfig, split: str = "train", flip: bool | None = None) -> Dataset:
+    """The data set named by `cfg.source` (raises FileNotFoundError/ValueError for a bad folder)."""
+    flip = cfg.flip if flip is None else flip
+    if cfg.source == "shapes":
+        from genforge.data.shapes import ShapesDataset, ShapesSpec
+
+        spec = ShapesSpec(cfg.shapes.min_shapes, cfg.shapes.max_shapes, cfg.shapes.textured_fraction)
+        seed = cfg.shapes.seed if split != "val" else cfg.shapes.seed + 1_000_003
+        return ShapesDataset(cfg.shapes.n, cfg.image_size, seed=seed, spec=spec, flip=flip)
+    if cfg.source == "folder":
+        from genforge.data.folder import ImageFolderDataset
+
+        if cfg.path is None or not Path(cfg.path).is_dir():
+            raise FileNotFoundError(f"data.path: folder {cfg.path!r} does not exist")
+        return ImageFolderDataset(
+            cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip, seed=0
+        )
+    raise ValueError(f"data.source={cfg.source!r} is not supported")
+
+
+def data_info(dataset: Dataset, cfg: DataConfig) -> DataInfo:
+    return DataInfo(num_classes=int(getattr(dataset, "num_classes", 0)), channels=3, image_size=cfg.image_size)
+
+
+class StepBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Yields this rank's micro-batches of `(index, aug_seed)` from optimizer step `start_step` on, forever."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        global_batch: int,
+        grad_accum: int = 1,
+        world_size: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        start_step: int = 0,
+    ) -> None:
+        if global_batch % (grad_accum * world_size):
+            raise ValueError(
+                f"train.batch_size={global_batch} must be divisible by train.grad_accum x processes "
+                f"= {grad_accum} x {world_size}"
+            )
+        if num_samples < global_batch:
+            raise ValueError(f"the data set has {num_samples} samples, fewer than train.batch_size={global_batch}")
+        self.num_samples, self.global_batch, self.grad_accum = num_samples, global_batch, grad_accum
+        self.world_size, self.rank, self.seed, self.start_step = world_size, rank, seed, start_step
+        self.micro_batch = global_batch // (grad_accum * world_size)
+        self.batches_per_epoch = num_samples // global_batch
+
+    def epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Permutation of the data set for `epoch`, and a per-sample augmentation seed."""
+        rng = np.random.default_rng([self.seed, epoch])
+        return rng.permutation(self.num_samples), rng.integers(0, 2**62, size=self.num_samples)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        step = self.start_step
+        epoch, order, seeds = -1, None, None
+        while True:
+            if step // self.batches_per_epoch != epoch:
+                epoch = step // self.batches_per_epoch
+                order, seeds = self.epoch_order(epoch)
+            start = (step % self.batches_per_epoch) * self.global_batch
+            for micro in range(self.grad_accum):
+                offset = start + (micro * self.world_size + self.rank) * self.micro_batch
+                idx = order[offset : offset + self.micro_batch]
+                yield list(zip(idx.tolist(), seeds[idx].tolist()))
+            step += 1
+
+    def __len__(self) -> int:  # one epoch of this rank's micro-batches
+        return self.batches_per_epoch * self.grad_accum
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack sample dicts into a Batch; unreadable samples go to `batch["skipped"]` (key, reason)."""
+    good = [s for s in samples if "bad" not in s]
+    batch: dict[str, Any] = {"skipped": [(s["key"], s["bad"]) for s in samples if "bad" in s]}
+    if not good:
+        return batch
+    for field in good[0]:
+        values = [s[field] for s in good]
+        if isinstance(values[0], torch.Tensor):
+            batch[field] = torch.stack(values)
+        elif isinstance(values[0], (int, np.integer)):
+            batch[field] = torch.tensor(values, dtype=torch.long)
+        else:
+            batch[field] = values
+    return batch
+
+
+def build_loader(dataset: Dataset, sampler: StepBatchSampler, num_workers: int, pin_memory: bool) -> DataLoader:
+    """A DataLoader that decodes in `num_workers` worker processes."""
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate,
+        pin_memory=pin_memory,
+        persistent_workers=False,
+        prefetch_factor=4 if num_workers else None,
+    )
+
+
+class SkipLog:
+    """Appends every skipped sample to `skipped.jsonl` (path and reason), once per sample key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0
+
+    def record(self, skipped: list[tuple[str, str]], step: int) -> None:
+        if not skipped:
+            return
+        self.count += len(skipped)
+        with open(self.path, "a") as f:
+            for key, reason in skipped:
+                f.write(json.dumps({"key": key, "reason": reason, "step": step}) + "\n")

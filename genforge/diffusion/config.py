@@ -1,0 +1,46 @@
+"""Config section of a Gaussian-diffusion objective and its sampler (used by dit, later dalle2_decoder)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from genforge.config.base import StrictModel
+
+
+class DiffusionConfig(StrictModel):
+    """IDDPM formulation (Nichol & Dhariwal 2021); defaults are DiT's."""
+
+    num_timesteps: int = Field(1000, ge=2, le=100_000)
+    noise_schedule: Literal["linear", "cosine"] = "linear"
+    prediction: Literal["eps", "x0", "v"] = "eps"
+    learn_sigma: bool = Field(True, description="learned-range variance with the hybrid loss (IDDPM sec. 3.1)")
+    loss: Literal["mse", "rescaled_mse"] = Field(
+        "mse", description="mse: DiT's hybrid weighting; rescaled_mse: the paper's lambda=0.001"
+    )
+    sampler: Literal["ddpm", "ddim"] = "ddpm"
+    sample_steps: int = Field(250, ge=1, description="respaced steps used for sampling")
+    ddim_eta: float = Field(0.0, ge=0.0, le=1.0)
+    cfg_scale: float = Field(4.0, ge=1.0, description="classifier-free guidance scale; 1 disables")
+
+    def build(self, sample_steps: int | None = None):
+        """The diffusion process; for sampling pass `sample_steps` (respaced), for training leave None."""
+        from genforge.diffusion import LossType, MeanType, create_diffusion
+
+        mean_type = {"eps": MeanType.EPSILON, "x0": MeanType.START_X, "v": MeanType.VELOCITY}[self.prediction]
+        loss_type = {"mse": LossType.MSE, "rescaled_mse": LossType.RESCALED_MSE}[self.loss]
+        if sample_steps is None:
+            respacing = ""
+        elif self.sampler == "ddim":
+            respacing = f"ddim{sample_steps}"
+        else:
+            respacing = str(sample_steps)
+        return create_diffusion(
+            timestep_respacing=respacing,
+            noise_schedule=self.noise_schedule,
+            num_timesteps=self.num_timesteps,
+            mean_type=mean_type,
+            learn_sigma=self.learn_sigma,
+            loss_type=loss_type,
+        )

@@ -1,0 +1,86 @@
+"""Run logging: metrics.jsonl (always), TensorBoard (when installed), wandb (opt-in), PNG sample grids."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from genforge.config.base import LogConfig
+
+
+def image_grid(images: Tensor, nrow: int | None = None, pad: int = 2) -> np.ndarray:
+    """[B, C, H, W] in [-1, 1] -> one uint8 [rows·(H+pad)+pad, cols·(W+pad)+pad, 3] grid (vectorised)."""
+    images = images.detach().float().cpu().clamp(-1, 1)
+    b, c, h, w = images.shape
+    if c == 1:
+        images = images.expand(b, 3, h, w)
+    pixels = ((images[:, :3] + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    cols = nrow or math.ceil(math.sqrt(b))
+    rows = math.ceil(b / cols)
+    grid = np.full((rows, cols, h + pad, w + pad, 3), 255, np.uint8)
+    flat = grid.reshape(rows * cols, h + pad, w + pad, 3)
+    flat[:b, pad:, pad:] = pixels
+    out = grid.transpose(0, 2, 1, 3, 4).reshape(rows * (h + pad), cols * (w + pad), 3)
+    return np.pad(out, ((0, pad), (0, pad), (0, 0)), constant_values=255)
+
+
+def save_grid(images: Tensor, path: Path, nrow: int | None = None) -> Path:
+    """Write a PNG grid of images in [-1, 1]."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image_grid(images, nrow)).save(path)
+    return path
+
+
+class RunLogger:
+    """Writes one JSON object per logged step; mirrors scalars and images to TensorBoard / wandb."""
+
+    def __init__(self, run_dir: Path, cfg: LogConfig, config_dict: dict[str, Any] | None = None) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.tb = None
+        self.wandb = None
+        if cfg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tb"))
+            except ImportError:
+                print("genforge: tensorboard not installed (pip install 'genforge[log]'); logging to "
+                      "metrics.jsonl only", file=sys.stderr)
+        if cfg.wandb:
+            import wandb  # opt-in; fails loudly when requested and missing
+
+            self.wandb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=config_dict,
+                                    name=run_dir.name, resume="allow")
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        record = {"step": step, "time": round(time.time(), 3), **values}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb:
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb:
+            self.wandb.log(values, step=step)
+
+    def image(self, step: int, tag: str, grid_path: Path) -> None:
+        if self.tb:
+            self.tb.add_image(tag, np.asarray(Image.open(grid_path)), step, dataformats="HWC")
+        if self.wandb:
+            import wandb
+
+            self.wandb.log({tag: wandb.Image(str(grid_path))}, step=step)
+
+    def close(self) -> None:
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()

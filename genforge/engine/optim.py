@@ -1,0 +1,42 @@
+"""AdamW (fused where the device supports it) and the learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from genforge.config.base import TrainConfig
+
+
+def build_optimizer(params: Iterable[nn.Parameter], cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay only on matrices (ndim ≥ 2), not on biases, norms and embeddings' scalars."""
+    params = [p for p in params if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]]
+    fused = device.type in ("cuda", "cpu", "xpu", "mps")
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused)
+    except (RuntimeError, TypeError):  # a device or dtype without the fused kernel
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of cfg.lr at optimizer step `step`: linear warm-up, then constant or cosine decay."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: lr_factor(step, cfg))

@@ -1,0 +1,54 @@
+"""Per-sample randomness that does not depend on how a global batch is split.
+
+A task draws its training noise (diffusion noise and timesteps, label dropout, masks, ...) from
+`batch["rng"]`. Every draw is made for the whole global batch of the optimizer step from a generator
+seeded by (seed, step, phase, draw number), and this micro-batch takes its own rows. So 1 process,
+N processes and gradient accumulation see identical noise for each sample, and resuming at step `s`
+needs no RNG state at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (SplitMix-quality mixing through numpy's SeedSequence)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class BatchRandom:
+    """Random draws for rows [offset, offset + size) of a global batch of `global_size` samples."""
+
+    def __init__(self, seed: int, step: int, phase: int, global_size: int, offset: int, size: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.seed, self.step, self.phase = seed, step, phase
+        self.global_size, self.offset, self.size = global_size, offset, size
+        self.device = torch.device(device)
+        self.draws = 0
+
+    def _generator(self) -> torch.Generator:
+        self.draws += 1
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(mix_seed(self.seed, self.step, self.phase, self.draws))
+        return gen
+
+    def _rows(self, full: Tensor) -> Tensor:
+        return full[self.offset : self.offset + self.size]
+
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Standard normal [size, *shape]."""
+        gen = self._generator()
+        return self._rows(torch.randn(self.global_size, *shape, generator=gen, device=self.device, dtype=dtype))
+
+    def rand(self, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Uniform [0, 1) of shape [size, *shape]."""
+        gen = self._generator()
+        return self._rows(torch.rand(self.global_size, *shape, generator=gen, device=self.device, dtype=dtype))
+
+    def randint(self, high: int, *shape: int) -> Tensor:
+        """Integers uniform in [0, high), shape [size, *shape]."""
+        gen = self._generator()
+        return self._rows(torch.randint(high, (self.global_size, *shape), generator=gen, device=self.device))

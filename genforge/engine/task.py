@@ -1,0 +1,70 @@
+"""The Task contract: the whole interface a family implements (shared/DESIGN.md).
+
+The trainer only ever calls `loss`, `sample`, `parameters_for`, `ema_module` and the checkpoint hooks;
+it never branches on the family. A phase is a name ("main"; VQGAN: "generator", "discriminator"), each
+with its own optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, TypedDict
+
+import torch
+from torch import Tensor, nn
+
+
+class Batch(TypedDict, total=False):
+    """Named batch fields; absent when not used."""
+
+    image: Tensor  # float [B, C, H, W] in [-1, 1]
+    video: Tensor  # float [B, C, T, H, W] in [-1, 1]
+    label: Tensor  # long [B]
+    text: list[str]
+    text_embed: Tensor  # [B, L, D]
+    text_mask: Tensor  # bool [B, L]
+    image_embed: Tensor  # [B, D]
+    latent: Tensor  # [B, C, h, w]
+    tokens: Tensor  # long [B, N]
+    key: list[str]  # sample ids, for skip reports and caches
+
+
+class Task(nn.Module):
+    """Base class of every family's task: a loss per phase, a sampler, and its own schedule state."""
+
+    phases: tuple[str, ...] = ("main",)
+
+    def parameters_for(self, phase: str) -> Iterable[nn.Parameter]:
+        """The parameters the optimizer of `phase` updates (default: every trainable parameter)."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """Scalar loss for `phase` at optimizer step `step`, plus detached scalars to log."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
+        """Generate outputs for the conditions in `cond` (images in [-1, 1], [B, C, H, W])."""
+        raise NotImplementedError
+
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        """Conditions for `n` samples, e.g. a balanced set of labels or the `label` in opts."""
+        return Batch()
+
+    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
+        """The sampler settings `sample(**opts)` resolves to (recorded with evaluation results)."""
+        return dict(opts)
+
+    def ema_module(self) -> nn.Module:
+        """The sub-module whose weights are averaged and used for sampling (default: the whole task)."""
+        return self
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        """JSON-serialisable schedule state the family owns (e.g. a Gumbel temperature)."""
+        return {}
+
+    def load_state_from_checkpoint(self, state: dict[str, Any]) -> None:
+        """Inverse of `state_for_checkpoint`."""
+
+    def forward(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """Dispatches to `loss`, so that DDP/FSDP wrappers see a forward call."""
+        return self.loss(batch, phase, step)

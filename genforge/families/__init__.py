@@ -1,0 +1,6 @@
+"""The families genforge trains. Adding one = a folder here, its config class in FAMILY_CONFIGS, a preset,
+a docs page and a test module that reuses the shared contract test; the engine is not edited."""
+
+from genforge.families.dit.config import DiTConfig
+
+FAMILY_CONFIGS = (DiTConfig,)

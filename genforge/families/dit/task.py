@@ -1,0 +1,119 @@
+"""DiT as a Task: the IDDPM objective on pixels or codec latents, class-conditional with CFG dropout."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from genforge.diffusion import classifier_free_guidance
+from genforge.engine.task import Batch, Task
+from genforge.families.dit.config import DiTConfig
+from genforge.families.dit.model import DiT
+from genforge.nn.codec import SpaceToDepthCodec
+
+if TYPE_CHECKING:
+    from genforge.config.run import RunConfig
+    from genforge.data.loader import DataInfo
+
+
+class DiTTask(Task):
+    """Trains `DiT` with `diffusion.training_losses` (DiT train.py's objective) and samples with DDPM/DDIM."""
+
+    def __init__(self, cfg: DiTConfig, run: "RunConfig", data: "DataInfo") -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.codec = SpaceToDepthCodec(data.channels, cfg.latent.factor, cfg.latent.scale) if cfg.latent else None
+        self.channels = self.codec.latent_channels if self.codec else data.channels
+        self.input_size = data.image_size // (self.codec.downsample if self.codec else 1)
+        self.num_classes = 0
+        if cfg.conditioning == "class":
+            self.num_classes = cfg.num_classes or data.num_classes
+            if not self.num_classes:
+                raise ValueError("model.conditioning='class' needs labelled data (data set has no classes); "
+                                 "set model.conditioning=none or model.num_classes")
+        self.model = DiT(
+            input_size=self.input_size,
+            in_channels=self.channels,
+            mlp_ratio=cfg.mlp_ratio,
+            num_classes=self.num_classes,
+            class_dropout_prob=cfg.class_dropout_prob,
+            learn_sigma=cfg.diffusion.learn_sigma,
+            **cfg.dims(),
+        )
+        self.diffusion = cfg.diffusion.build()
+        self._samplers: dict[tuple[str, int], Any] = {}
+
+    def ema_module(self) -> torch.nn.Module:
+        return self.model
+
+    def to_model_space(self, batch: Batch) -> Tensor:
+        """The tensor diffusion runs on: cached latents, codec latents, or pixels."""
+        if "latent" in batch:
+            return batch["latent"]
+        image = batch["image"]
+        return self.codec.encode(image) if self.codec else image
+
+    def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        x = self.to_model_space(batch)  # [B, C, h, w]
+        rng = batch["rng"]
+        t = rng.randint(self.diffusion.num_timesteps)  # [B]
+        noise = rng.randn(*x.shape[1:]).to(x.dtype)  # [B, C, h, w]
+        kwargs = {}
+        if self.num_classes:
+            drop = rng.rand() < self.cfg.class_dropout_prob  # classifier-free guidance dropout
+            kwargs["y"] = torch.where(drop, torch.full_like(batch["label"], self.num_classes), batch["label"])
+        terms = self.diffusion.training_losses(self.model, x, t, model_kwargs=kwargs, noise=noise)
+        logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
+        return terms["loss"].mean(), logs
+
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        if not self.num_classes:
+            return Batch()
+        label = opts.get("label")
+        if label is not None:
+            if not 0 <= label < self.num_classes:
+                raise ValueError(f"--label {label}: allowed 0..{self.num_classes - 1}")
+            labels = torch.full((n,), label, dtype=torch.long)
+        else:
+            labels = torch.arange(n) % self.num_classes  # every class in turn: one per grid cell
+        return Batch(label=labels.to(generator.device))
+
+    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
+        d = self.cfg.diffusion
+        cfg_scale = opts.get("cfg_scale") or d.cfg_scale
+        return {
+            "sampler": opts.get("sampler") or d.sampler,
+            "steps": opts.get("steps") or d.sample_steps,
+            "cfg_scale": cfg_scale if self.num_classes else 1.0,
+            "ddim_eta": d.ddim_eta,
+        }
+
+    @torch.no_grad()
+    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
+        """Ancestral DDPM or DDIM sampling with classifier-free guidance; images in [-1, 1]."""
+        s = self.sampler_settings(**opts)
+        key = (s["sampler"], s["steps"])
+        if key not in self._samplers:
+            self._samplers[key] = self.cfg.diffusion.model_copy(update={"sampler": s["sampler"]}).build(s["steps"])
+        diffusion = self._samplers[key]
+        device = next(self.model.parameters()).device
+        n = len(cond["label"]) if "label" in cond else int(opts.get("n", 16))
+        shape = (n, self.channels, self.input_size, self.input_size)
+        model_fn, kwargs = self.model, {}
+        if self.num_classes:
+            kwargs = {"y": cond["label"].to(device)}
+            if s["cfg_scale"] > 1.0:
+                null = {"y": torch.full_like(kwargs["y"], self.num_classes)}
+                model_fn = classifier_free_guidance(self.model, s["cfg_scale"], null, out_channels=self.channels)
+        clip = self.codec is None  # pixels live in [-1, 1]; latents have no fixed range
+        if s["sampler"] == "ddim":
+            x = diffusion.ddim_sample_loop(model_fn, shape, model_kwargs=kwargs, clip_denoised=clip,
+                                           generator=generator, eta=s["ddim_eta"],
+                                           progress=bool(opts.get("progress")))
+        else:
+            x = diffusion.p_sample_loop(model_fn, shape, model_kwargs=kwargs, clip_denoised=clip,
+                                        generator=generator, progress=bool(opts.get("progress")))
+        images = self.codec.decode(x) if self.codec else x
+        return images.clamp(-1, 1)

@@ -1,0 +1,46 @@
+"""Latent codecs: the encoder/decoder interface between pixels and the space a generator models.
+
+A generator that trains "in latent space" (DiT as in the paper, on Stable-Diffusion VAE latents) calls
+`encode` on its pixel batch and `decode` on its samples. Trained tokenizers (klvae, vqgan, ...) implement
+this interface; `SpaceToDepthCodec` is an exact, parameter-free stand-in that turns an image into a
+lower-resolution, many-channel tensor, so the latent path can be trained and tested without a tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@runtime_checkable
+class LatentCodec(Protocol):
+    """image [B, 3, H, W] in [-1, 1]  <->  latent [B, latent_channels, H / downsample, W / downsample]."""
+
+    latent_channels: int
+    downsample: int
+
+    def encode(self, image: Tensor) -> Tensor: ...
+
+    def decode(self, latent: Tensor) -> Tensor: ...
+
+
+class SpaceToDepthCodec(nn.Module):
+    """Lossless stand-in codec: pixel-unshuffle by `factor`, times `scale` (3 -> 3·factor² channels)."""
+
+    def __init__(self, image_channels: int = 3, factor: int = 2, scale: float = 1.0) -> None:
+        super().__init__()
+        self.factor = factor
+        self.scale = scale
+        self.latent_channels = image_channels * factor * factor
+        self.downsample = factor
+
+    @torch.no_grad()
+    def encode(self, image: Tensor) -> Tensor:
+        return F.pixel_unshuffle(image, self.factor) * self.scale  # [B, C·f², H/f, W/f]
+
+    @torch.no_grad()
+    def decode(self, latent: Tensor) -> Tensor:
+        return F.pixel_shuffle(latent / self.scale, self.factor)  # [B, C, H, W]

@@ -1,0 +1,88 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from genforge.config import load_config
+from genforge.engine.trainer import Trainer
+
+HERE = Path(__file__).parent
+
+
+def _train(run_dir, overrides=(), stop_at=None):
+    trainer = Trainer(load_config("dit-debug", list(overrides)), run_dir)
+    trainer.fit(stop_at=stop_at)
+    return trainer
+
+
+def _weights(run_dir, step):
+    ckpt = Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+    return load_file(str(ckpt / "model.safetensors")), load_file(str(ckpt / "ema.safetensors"))
+
+
+def _losses(run_dir):
+    return [(r["step"], r["loss"]) for r in map(json.loads, open(Path(run_dir) / "metrics.jsonl")) if "loss" in r]
+
+
+def test_run_directory_layout(tmp_path):
+    _train(tmp_path)
+    assert (tmp_path / "config.yaml").is_file()
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000006"
+    ckpt = tmp_path / "checkpoints" / "step-000006"
+    for name in ("model.safetensors", "ema.safetensors", "optim/main.json", "optim/main.safetensors",
+                 "trainer_state.json", "rng/rank-0.json"):
+        assert (ckpt / name).is_file(), name
+    assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == 6
+    assert sorted(p.name for p in (tmp_path / "samples").glob("*.png")) == ["step-000003.png", "step-000006.png"]
+    records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in records] == [2, 4, 6]
+    assert all({"loss", "lr", "samples_per_s", "grad_norm"} <= set(r) for r in records)
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+def test_resume_is_bit_identical(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _train(straight)
+    _train(resumed, stop_at=3)  # "killed" after the step-3 checkpoint
+    assert (resumed / "checkpoints" / "latest").read_text().strip() == "step-000003"
+    _train(resumed)  # the same command again
+    for a, b in zip(_weights(straight, 6), _weights(resumed, 6)):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(straight) == _losses(resumed)
+
+
+def test_grad_accumulation_matches_full_batch(tmp_path):
+    _train(tmp_path / "full")
+    _train(tmp_path / "accum", ["train.grad_accum=2"])
+    for a, b in zip(_weights(tmp_path / "full", 6), _weights(tmp_path / "accum", 6)):
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+def test_fresh_starts_a_new_run_directory(tmp_path):
+    _train(tmp_path / "run", ["train.steps=3"])
+    trainer = Trainer(load_config("dit-debug", ["train.steps=3"]), tmp_path / "run", fresh=True)
+    assert trainer.run_dir == tmp_path / "run-1"
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path):
+    """torchrun with 2 CPU processes (gloo): ranks agree, and equal 1 process with the same global batch."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
+    worker = str(HERE / "ddp_worker.py")
+    subprocess.run([sys.executable, worker, str(tmp_path / "one"), str(tmp_path)], env=env, check=True,
+                   timeout=300)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                    worker, str(tmp_path / "two"), str(tmp_path)], env=env, check=True, timeout=300)
+    one = load_file(str(tmp_path / "rank0-of1.safetensors"))
+    r0 = load_file(str(tmp_path / "rank0-of2.safetensors"))
+    r1 = load_file(str(tmp_path / "rank1-of2.safetensors"))
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    for k in one:
+        torch.testing.assert_close(one[k], r0[k], rtol=1e-4, atol=1e-5)
