@@ -38,7 +38,6 @@ class DiTTask(Task):
             in_channels=self.channels,
             mlp_ratio=cfg.mlp_ratio,
             num_classes=self.num_classes,
-            class_dropout_prob=cfg.class_dropout_prob,
             learn_sigma=cfg.diffusion.learn_sigma,
             **cfg.dims(),
         )
@@ -62,8 +61,8 @@ class DiTTask(Task):
         noise = rng.randn(*x.shape[1:]).to(x.dtype)  # [B, C, h, w]
         kwargs = {}
         if self.num_classes:
-            drop = rng.rand() < self.cfg.class_dropout_prob  # classifier-free guidance dropout
-            kwargs["y"] = torch.where(drop, torch.full_like(batch["label"], self.num_classes), batch["label"])
+            drop = rng.rand() < self.cfg.class_dropout_prob  # label dropout for classifier-free guidance
+            kwargs["y"] = self.model.y_embedder.drop(batch["label"], drop)
         terms = self.diffusion.training_losses(self.model, x, t, model_kwargs=kwargs, noise=noise)
         logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
         return terms["loss"].mean(), logs

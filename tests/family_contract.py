@@ -1,0 +1,72 @@
+"""The contract every family passes (like diffusers' test_modeling_common): subclass with a debug preset."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from genforge.config import load_config
+from genforge.data.loader import StepBatchSampler, build_dataset, collate, data_info
+from genforge.engine.random import BatchRandom
+from genforge.engine.task import Task
+
+
+class FamilyContract:
+    preset: str  # a debug preset of the family: tiny, a few CPU seconds
+
+    def build(self, overrides=()):
+        torch.manual_seed(0)
+        cfg = load_config(self.preset, list(overrides))
+        dataset = build_dataset(cfg.data)
+        task = cfg.model.build_task(cfg, data_info(dataset, cfg.data))
+        batch = collate([dataset[item] for item in next(iter(StepBatchSampler(len(dataset), cfg.train.batch_size)))])
+        batch.pop("skipped")
+        return cfg, task, batch
+
+    def test_is_a_task_with_named_phases(self):
+        _, task, _ = self.build()
+        assert isinstance(task, Task) and task.phases and all(isinstance(p, str) for p in task.phases)
+
+    def test_loss_is_a_finite_scalar_and_trains_its_phase(self):
+        cfg, task, batch = self.build()
+        for i, phase in enumerate(task.phases):
+            task.zero_grad(set_to_none=True)
+            batch["rng"] = BatchRandom(0, 0, i, cfg.train.batch_size, 0, cfg.train.batch_size)
+            loss, logs = task.loss(batch, phase, 0)
+            assert loss.ndim == 0 and torch.isfinite(loss)
+            assert all(v.ndim == 0 for v in logs.values())
+            loss.backward()
+            params = list(task.parameters_for(phase))
+            assert params and any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+
+    def test_loss_is_deterministic_given_the_batch_rng(self):
+        cfg, task, batch = self.build()
+        n = cfg.train.batch_size
+        losses = []
+        for _ in range(2):
+            batch["rng"] = BatchRandom(0, 5, 0, n, 0, n)
+            losses.append(task.loss(batch, task.phases[0], 5)[0])
+        assert torch.equal(losses[0], losses[1])
+
+    def test_sample_shape_and_range(self):
+        cfg, task, _ = self.build()
+        task.eval()
+        gen = torch.Generator().manual_seed(0)
+        cond = task.sample_conditions(2, gen)
+        out = task.sample(cond, gen, n=2)
+        assert out.shape[0] == 2 and out.shape[-1] == cfg.data.image_size
+        assert torch.isfinite(out).all() and out.min() >= -1 and out.max() <= 1
+        again = task.sample(task.sample_conditions(2, torch.Generator().manual_seed(0)),
+                            torch.Generator().manual_seed(0), n=2)
+        assert torch.equal(out, again)
+
+    def test_checkpoint_state_is_json(self):
+        _, task, _ = self.build()
+        json.dumps(task.state_for_checkpoint())
+        task.load_state_from_checkpoint(task.state_for_checkpoint())
+
+    def test_ema_module_is_part_of_the_task(self):
+        _, task, _ = self.build()
+        ids = {id(p) for p in task.parameters()}
+        assert all(id(p) in ids for p in task.ema_module().parameters())
