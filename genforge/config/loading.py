@@ -119,7 +119,11 @@ def format_validation_error(err: ValidationError) -> str:
             msg = "unknown key" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
         elif e["type"] == "missing" and loc == ("model",):
             msg = f"required: a model section with `family` (one of {', '.join(sorted(tags))})"
-        line = f"{field}: {msg}"
+        elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            family = e["input"].get("family") if isinstance(e["input"], dict) else None
+            lines.append(f"{field}.family: {family!r} is not a family; allowed: {', '.join(sorted(tags))}")
+            continue
+        line = f"{field}: {msg}" if field != "config" else msg
         if e["type"] not in ("missing", "extra_forbidden", "value_error") and "input" in e:
             line += f" (got {e['input']!r})"
         elif e["type"] == "extra_forbidden":

@@ -47,10 +47,11 @@ def test_run_directory_layout(tmp_path):
 
 def test_resume_is_bit_identical(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _train(straight)
-    _train(resumed, stop_at=3)  # "killed" after the step-3 checkpoint
+    per_step = ["train.log_every=1"]
+    _train(straight, per_step)
+    _train(resumed, per_step, stop_at=3)  # "killed" after the step-3 checkpoint
     assert (resumed / "checkpoints" / "latest").read_text().strip() == "step-000003"
-    _train(resumed)  # the same command again
+    _train(resumed, per_step)  # the same command again
     for a, b in zip(_weights(straight, 6), _weights(resumed, 6)):
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a)

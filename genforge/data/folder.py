@@ -1,0 +1,79 @@
+"""Image folders: recursive, class from the first-level sub-folder, caption from a sidecar .txt."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from genforge.data.images import center_crop_resize, load_rgb, to_tensor
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+
+
+def scan_images(root: Path) -> list[str]:
+    """Relative paths (forward slashes) of every image under `root`, hidden entries skipped, sorted."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel = Path(dirpath).relative_to(root)
+        found += [(rel / f).as_posix() for f in filenames
+                  if not f.startswith(".") and f.lower().endswith(EXTENSIONS)]
+    return sorted(found)
+
+
+def split_of(relpath: str, seed: int, val_fraction: float) -> str:
+    """"train" or "val" from a hash of the path alone: stable under additions and listing order."""
+    digest = hashlib.sha1(f"{seed}:{relpath}".encode()).digest()
+    return "val" if int.from_bytes(digest[:8], "big") / 2**64 < val_fraction else "train"
+
+
+class ImageFolderDataset(Dataset):
+    """Images under `root` (any depth), ADM-style resized and center-cropped to `image_size`."""
+
+    def __init__(self, root: str | Path, image_size: int, split: str = "train", val_fraction: float = 0.0,
+                 flip: bool = False, seed: int = 0) -> None:
+        if split not in ("train", "val", "all"):
+            raise ValueError(f"split={split!r}; allowed: train, val, all")
+        self.root, self.image_size, self.flip = Path(root), image_size, flip
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"image folder {self.root} does not exist")
+        files = scan_images(self.root)
+        if not files:
+            raise ValueError(f"image folder {self.root} holds no images ({', '.join(EXTENSIONS)}, any depth)")
+        in_root = [f for f in files if "/" not in f]
+        self.class_names = sorted({f.split("/", 1)[0] for f in files if "/" in f})
+        if in_root and self.class_names:
+            raise ValueError(f"{self.root}: images both in class sub-folders and directly in the folder "
+                             f"(e.g. {', '.join(in_root[:3])}); move them into a sub-folder")
+        self.num_classes = len(self.class_names)
+        class_index = {name: i for i, name in enumerate(self.class_names)}
+        if split != "all":
+            files = [f for f in files if split_of(f, seed, val_fraction) == split]
+        self.files = files
+        self.labels = [class_index[f.split("/", 1)[0]] for f in files] if self.num_classes else None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> dict:
+        index, aug_seed = item if isinstance(item, tuple) else (item, None)
+        rel = self.files[index]
+        path = self.root / rel
+        try:
+            img = center_crop_resize(load_rgb(path), self.image_size)
+        except Exception as err:  # any decoder error: skip and report, never kill the worker
+            return {"key": rel, "bad": f"{type(err).__name__}: {err}"}
+        image = np.asarray(img)
+        if self.flip and aug_seed is not None and np.random.default_rng(aug_seed).random() < 0.5:
+            image = image[:, ::-1]
+        sample = {"image": to_tensor(image), "key": rel}
+        if self.labels is not None:
+            sample["label"] = self.labels[index]
+        caption = path.with_suffix(".txt")
+        if caption.is_file():
+            sample["text"] = caption.read_text(encoding="utf-8").strip()
+        return sample

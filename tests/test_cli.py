@@ -1,0 +1,72 @@
+"""The CLI end to end on tiny presets, and a frozen command surface (DESIGN.md "stable surface")."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import typer
+from PIL import Image
+from typer.testing import CliRunner
+
+from genforge.cli import app
+
+runner = CliRunner()
+
+
+def _options(command_name):
+    group = typer.main.get_command(app)
+    cmd = group.commands[command_name]
+    return {opt for p in cmd.params if p.param_type_name == "option" for opt in p.opts}
+
+
+def test_stable_surface_is_frozen():
+    group = typer.main.get_command(app)
+    assert {"train", "sample", "eval", "presets", "data"} <= set(group.commands)
+    assert {"--set", "--run-dir", "--dry-run", "--fresh"} <= _options("train")
+    assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt"} <= _options("sample")
+    assert {"--metrics", "--n"} <= _options("eval")
+    assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}
+
+
+def test_bad_override_exits_2_in_a_real_process():
+    out = subprocess.run([sys.executable, "-m", "genforge", "train", "dit-debug", "--set", "train.lr=-1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "train.lr" in out.stderr and "-1" in out.stderr
+
+
+def test_train_sample_eval_end_to_end(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(run)])
+    assert out.exit_code == 0, out.output
+    assert "samples:" in out.stdout
+
+    grid = tmp_path / "grid.png"
+    out = runner.invoke(app, ["sample", str(run), "--n", "4", "--label", "3", "--steps", "3", "--out", str(grid)])
+    assert out.exit_code == 0, out.output
+    assert Image.open(grid).size == (2 + 2 * (16 + 2), 2 + 2 * (16 + 2))
+    out = runner.invoke(app, ["sample", str(run), "--label", "99"])
+    assert out.exit_code == 2 and "--label" in out.stderr
+
+    from genforge.eval import judge as judge_module
+
+    quick, _ = judge_module.train_judge(image_size=16, steps=5, batch_size=16)
+    monkeypatch.setattr(judge_module, "load_or_train_judge", lambda *a, **k: quick)
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "judge", "--n", "8", "--steps", "2"])
+    assert out.exit_code == 0, out.output
+    result = json.loads((run / "eval" / "6.json").read_text())
+    assert result["n"] == 8 and 0.0 <= result["judge_accuracy"] <= 1.0
+    assert result["sampler"]["steps"] == 2
+
+
+def test_sample_refuses_a_folder_that_is_not_a_run(tmp_path):
+    out = runner.invoke(app, ["sample", str(tmp_path)])
+    assert out.exit_code == 2 and "not a run directory" in out.stderr
+
+
+def test_data_shapes_writes_a_folder(tmp_path):
+    out = runner.invoke(app, ["data", "shapes", "--out", str(tmp_path / "s"), "--n", "20", "--image-size", "16"])
+    assert out.exit_code == 0, out.output
+    assert len(list((tmp_path / "s").rglob("*.png"))) == 20
+    assert len(list((tmp_path / "s").rglob("*.txt"))) == 20
