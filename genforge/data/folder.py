@@ -45,7 +45,8 @@ class ImageFolderDataset(Dataset):
         if not files:
             raise ValueError(f"image folder {self.root} holds no images ({', '.join(EXTENSIONS)}, any depth)")
         in_root = [f for f in files if "/" not in f]
-        self.class_names = sorted({f.split("/", 1)[0] for f in files if "/" in f})
+        # classes are the first-level sub-folders (an empty one still holds its label index)
+        self.class_names = sorted(e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
         if in_root and self.class_names:
             raise ValueError(f"{self.root}: images both in class sub-folders and directly in the folder "
                              f"(e.g. {', '.join(in_root[:3])}); move them into a sub-folder")

@@ -169,6 +169,8 @@ def write_shapes_folder(out: str | Path, n: int, image_size: int, seed: int = 0,
     """Write the set as `out/<NN>_<colour>_<kind>/<key>.png` + `<key>.txt` caption (sorted folder names
     give the same label indices as ShapesDataset)."""
     root = Path(out)
+    for label in range(NUM_CLASSES):  # every class folder, so labels match even when a class is absent
+        (root / f"{label:02d}_{class_name(label).replace(' ', '_')}").mkdir(parents=True, exist_ok=True)
     for index in range(n):
         image, label, caption = render_shapes(seed, index, image_size, spec)
         folder = root / f"{label:02d}_{class_name(label).replace(' ', '_')}"

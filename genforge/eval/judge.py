@@ -1,0 +1,116 @@
+"""The shapes judge: a small CNN trained on the procedural data, used to check that generated samples
+show the requested class (share of samples it assigns to the requested label)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from genforge.data.shapes import NUM_CLASSES, render_batch
+
+JUDGE_SIZE = 32
+JUDGE_VERSION = "v1"
+
+
+class ShapesJudge(nn.Module):
+    """Three conv stages (32 -> 16 -> 8 -> 4 px) and a linear classifier over the 16 classes."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+
+        def stage(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                                 nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                                 nn.MaxPool2d(2))
+
+        self.features = nn.Sequential(stage(3, width), stage(width, 2 * width), stage(2 * width, 4 * width))
+        self.head = nn.Linear(4 * width * 4 * 4, NUM_CLASSES)
+
+    def forward(self, images: Tensor) -> Tensor:
+        # images [B, 3, H, W] in [-1, 1], any resolution -> logits [B, 16]
+        if images.shape[-2:] != (JUDGE_SIZE, JUDGE_SIZE):
+            images = F.interpolate(images, size=(JUDGE_SIZE, JUDGE_SIZE), mode="bilinear", antialias=True,
+                                   align_corners=False)
+        return self.head(self.features(images).flatten(1))
+
+
+@torch.no_grad()
+def judge_accuracy(judge: ShapesJudge, images: Tensor, labels: Tensor, batch_size: int = 256) -> float:
+    """Share of `images` whose predicted class equals `labels`."""
+    judge.eval()
+    device = next(judge.parameters()).device
+    correct = 0
+    for start in range(0, len(images), batch_size):
+        logits = judge(images[start : start + batch_size].to(device).float())
+        correct += (logits.argmax(1).cpu() == labels[start : start + batch_size].cpu()).sum().item()
+    return correct / max(1, len(images))
+
+
+def train_judge(image_size: int = JUDGE_SIZE, steps: int = 1000, batch_size: int = 128, seed: int = 0,
+                train_images: int = 12_000, heldout_images: int = 2000) -> tuple[ShapesJudge, float]:
+    """Train on `train_images` pre-rendered samples (random flips), return the judge and its accuracy on
+    `heldout_images` of a different seed."""
+    torch.manual_seed(seed)
+    images, labels = render_batch(train_images, image_size, seed=10_000 + seed)
+    test_images, test_labels = render_batch(heldout_images, image_size, seed=20_000 + seed)
+    judge = ShapesJudge()
+    opt = torch.optim.AdamW(judge.parameters(), lr=3e-3, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.15)
+    gen = torch.Generator().manual_seed(seed)
+    judge.train()
+    for _ in range(steps):
+        idx = torch.randint(0, len(images), (batch_size,), generator=gen)
+        x = images[idx]
+        flip = torch.rand(batch_size, generator=gen) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        loss = F.cross_entropy(judge(x), labels[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+    return judge, judge_accuracy(judge, test_images, test_labels)
+
+
+def save_judge(judge: ShapesJudge, path: str | Path) -> None:
+    """Atomically write the judge's weights (safetensors)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in judge.state_dict().items()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_judge(path: str | Path) -> ShapesJudge:
+    judge = ShapesJudge()
+    judge.load_state_dict(load_file(str(path)))
+    return judge.eval()
+
+
+_LOADED: dict[Path, ShapesJudge] = {}
+
+
+def judge_cache_path(cache_dir: Path | None = None) -> Path:
+    root = cache_dir or Path(os.environ.get("GENFORGE_CACHE", "~/.cache/genforge")).expanduser()
+    return root / "judge" / f"shapes-judge-{JUDGE_VERSION}.safetensors"
+
+
+def load_or_train_judge(cache_dir: Path | None = None) -> ShapesJudge:
+    """The cached judge, trained (about a minute on 2 CPU cores) and cached on first use."""
+    path = judge_cache_path(cache_dir)
+    if path not in _LOADED:
+        if not path.is_file():
+            print("genforge: training the shapes judge (once; cached at " f"{path})", file=sys.stderr)
+            start = time.perf_counter()
+            judge, accuracy = train_judge()
+            print(f"genforge: judge held-out accuracy {accuracy:.4f}, trained in "
+                  f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
+            save_judge(judge, path)
+        _LOADED[path] = load_judge(path)
+    return _LOADED[path]

@@ -1,0 +1,21 @@
+import torch
+
+from genforge.diffusion import classifier_free_guidance
+
+
+def test_guided_output_and_one_doubled_call():
+    calls = []
+
+    def model(x, t, y):
+        calls.append(len(x))
+        mean = x + y.float().view(-1, 1, 1, 1)  # cond: +label, uncond (y = 0): x
+        var = 10 + y.float().view(-1, 1, 1, 1).expand_as(x)
+        return torch.cat([mean, var], dim=1)
+
+    x, t, y = torch.randn(3, 2, 4, 4), torch.zeros(3, dtype=torch.long), torch.tensor([1, 2, 3])
+    guided = classifier_free_guidance(model, 4.0, {"y": torch.zeros(3, dtype=torch.long)}, out_channels=2)
+    out = guided(x, t, y=y)
+    assert calls == [6]
+    torch.testing.assert_close(out[:, :2], x + 4.0 * y.float().view(-1, 1, 1, 1))
+    torch.testing.assert_close(out[:, 2:], 10 + y.float().view(-1, 1, 1, 1).expand_as(x))
+    assert classifier_free_guidance(model, 1.0, {"y": torch.zeros(3, dtype=torch.long)}, 2) is model
