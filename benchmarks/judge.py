@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from genforge.eval.judge import train_judge
+from genforge.eval.judge import HELDOUT_IMAGES, train_judge
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=2)
@@ -16,5 +16,6 @@ args = parser.parse_args()
 torch.set_num_threads(args.threads)
 start = time.perf_counter()
 judge, accuracy = train_judge()
-print(f"judge: held-out accuracy {accuracy:.4f} on 2000 images, trained in {time.perf_counter() - start:.1f} s "
+elapsed = time.perf_counter() - start
+print(f"judge: held-out accuracy {accuracy:.4f} on {HELDOUT_IMAGES} images, trained in {elapsed:.1f} s "
       f"({args.threads} threads)")

@@ -32,29 +32,41 @@ def split_of(relpath: str, seed: int, val_fraction: float) -> str:
 
 
 class ImageFolderDataset(Dataset):
-    """Images under `root` (any depth), ADM-style resized and center-cropped to `image_size`."""
+    """Images under `root` (any depth), ADM-style resized and center-cropped to `image_size`.
+
+    Labels come from the first-level sub-folders (sorted names -> 0..K-1, empty ones included, so a
+    folder written by `write_shapes_folder` keeps the shapes labels); images directly in `root` are
+    unlabelled. Captions come from a sidecar `<stem>.txt`.
+    """
 
     def __init__(self, root: str | Path, image_size: int, split: str = "train", val_fraction: float = 0.0,
                  flip: bool = False, seed: int = 0) -> None:
         if split not in ("train", "val", "all"):
             raise ValueError(f"split={split!r}; allowed: train, val, all")
+        if not 0.0 <= val_fraction <= 1.0:
+            raise ValueError(f"val_fraction={val_fraction} must be in [0, 1]")
         self.root, self.image_size, self.flip = Path(root), image_size, flip
+        searched = ", ".join(EXTENSIONS)
         if not self.root.is_dir():
-            raise FileNotFoundError(f"image folder {self.root} does not exist")
+            raise FileNotFoundError(f"image folder {self.root} does not exist (looking for {searched} files)")
         files = scan_images(self.root)
         if not files:
-            raise ValueError(f"image folder {self.root} holds no images ({', '.join(EXTENSIONS)}, any depth)")
+            raise ValueError(f"image folder {self.root} holds no images ({searched}, any depth)")
         in_root = [f for f in files if "/" not in f]
-        # classes are the first-level sub-folders (an empty one still holds its label index)
-        self.class_names = sorted(e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
-        if in_root and self.class_names:
+        if in_root and len(in_root) < len(files):
             raise ValueError(f"{self.root}: images both in class sub-folders and directly in the folder "
-                             f"(e.g. {', '.join(in_root[:3])}); move them into a sub-folder")
+                             f"({', '.join(in_root[:5])}{', ...' if len(in_root) > 5 else ''}); "
+                             "move them into a sub-folder or remove them")
+        self.class_names: list[str] = [] if in_root else sorted(
+            e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
         self.num_classes = len(self.class_names)
-        class_index = {name: i for i, name in enumerate(self.class_names)}
         if split != "all":
             files = [f for f in files if split_of(f, seed, val_fraction) == split]
+            if not files:
+                raise ValueError(f"image folder {self.root}: the {split!r} split is empty "
+                                 f"(val_fraction={val_fraction}, seed={seed})")
         self.files = files
+        class_index = {name: i for i, name in enumerate(self.class_names)}
         self.labels = [class_index[f.split("/", 1)[0]] for f in files] if self.num_classes else None
 
     def __len__(self) -> int:
@@ -65,16 +77,16 @@ class ImageFolderDataset(Dataset):
         rel = self.files[index]
         path = self.root / rel
         try:
-            img = center_crop_resize(load_rgb(path), self.image_size)
-        except Exception as err:  # any decoder error: skip and report, never kill the worker
+            image = np.asarray(center_crop_resize(load_rgb(path), self.image_size))
+            caption_path = path.with_suffix(".txt")
+            caption = caption_path.read_text(encoding="utf-8").strip() if caption_path.is_file() else None
+        except Exception as err:  # any decoder or caption error: skip and report, never kill the worker
             return {"key": rel, "bad": f"{type(err).__name__}: {err}"}
-        image = np.asarray(img)
         if self.flip and aug_seed is not None and np.random.default_rng(aug_seed).random() < 0.5:
             image = image[:, ::-1]
         sample = {"image": to_tensor(image), "key": rel}
         if self.labels is not None:
             sample["label"] = self.labels[index]
-        caption = path.with_suffix(".txt")
-        if caption.is_file():
-            sample["text"] = caption.read_text(encoding="utf-8").strip()
+        if caption is not None:
+            sample["text"] = caption
         return sample

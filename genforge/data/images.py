@@ -9,45 +9,45 @@ import torch
 from PIL import Image, ImageOps
 
 BACKGROUND = (255, 255, 255)  # transparent pixels are composited over white
+WIDE_GRAY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
 def _to_8bit(img: Image.Image) -> Image.Image:
-    """16-bit / 32-bit integer and float grayscale -> "L", scaled by the mode's real range."""
-    arr = np.asarray(img)
+    """16-bit, 32-bit integer and float grayscale -> "L", scaled by the real range of the data type."""
+    arr = np.nan_to_num(np.asarray(img, dtype=np.float64))
     if img.mode.startswith("I;16"):
-        arr = arr.astype(np.float64) / 257.0  # 0..65535 -> 0..255
-    elif img.mode == "I":
-        arr = arr.astype(np.float64)
-        arr = arr / 257.0 if arr.max() > 255 else arr  # 16-bit data often arrives as "I"
-    else:  # "F": float data, stretch its own range
-        arr = arr.astype(np.float64)
-        lo, hi = float(arr.min()), float(arr.max())
-        arr = (arr - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(arr)
-    return Image.fromarray(np.clip(np.round(arr), 0, 255).astype(np.uint8), mode="L")
+        arr = arr / 257.0  # 0..65535 -> 0..255
+    elif img.mode == "I":  # 32-bit ints: 8-bit data (an "L" image converted), 16-bit PNG data, or wider
+        top = arr.max()
+        arr = arr if top <= 255 else arr / 257.0 if top <= 65535 else arr * (255.0 / top)
+    else:  # "F": [0, 1] maps to 0..255; data outside it stretches the range to cover it
+        lo, hi = min(arr.min(), 0.0), max(arr.max(), 1.0)
+        arr = (arr - lo) * (255.0 / (hi - lo))
+    return Image.fromarray(np.clip(np.round(arr), 0, 255).astype(np.uint8))
 
 
 def load_rgb(path: str | Path) -> Image.Image:
-    """Decode `path` fully and return an RGB image: EXIF orientation applied, alpha composited over
-    white, palette/CMYK/YCbCr/1-bit/16-bit/float modes converted."""
+    """Decode `path` fully (decode errors surface here) and return an RGB image: EXIF orientation applied,
+    alpha composited over white, palette/CMYK/YCbCr/HSV/1-bit/16-bit/float modes converted."""
     with Image.open(path) as opened:
         opened.load()
         img = ImageOps.exif_transpose(opened)
-    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+    if img.mode in WIDE_GRAY_MODES:
         img = _to_8bit(img)
-    if img.mode == "P":
-        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
-    if img.mode in ("LA", "PA", "La", "RGBa"):
+    if img.mode == "La":  # premultiplied alpha: undo it first
+        img = img.convert("LA")
+    if (img.mode == "P" and "transparency" in img.info) or img.mode in ("LA", "PA", "RGBa"):
         img = img.convert("RGBA")
     if img.mode == "RGBA":
         canvas = Image.new("RGB", img.size, BACKGROUND)
-        canvas.paste(img, mask=img.getchannel("A"))
+        canvas.paste(img, mask=img.getchannel("A"))  # colour * alpha + white * (1 - alpha)
         return canvas
     return img.convert("RGB")
 
 
 def center_crop_resize(img: Image.Image, size: int) -> Image.Image:
-    """ADM/DiT preprocessing: halve with a box filter while the short side is ≥ 2·size, resize the short
-    side to `size` with bicubic, then crop the centre size×size."""
+    """ADM/DiT preprocessing: halve with a box filter while the short side is >= 2*size, resize the short
+    side to `size` with bicubic, then crop the centre size x size."""
     while min(img.size) >= 2 * size:
         img = img.resize((img.width // 2, img.height // 2), Image.Resampling.BOX)
     scale = size / min(img.size)

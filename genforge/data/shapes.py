@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ KINDS = ("circle", "square", "triangle", "cross")
 COLORS = {"red": (220, 40, 40), "green": (40, 175, 60), "blue": (45, 85, 225), "yellow": (240, 215, 40)}
 NUM_CLASSES = len(KINDS) * len(COLORS)
 SUPERSAMPLE = 4  # draw at 4x and box-downsample: antialiased edges
+MIN_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -47,37 +49,63 @@ def class_name(label: int) -> str:
 
 
 def class_names() -> list[str]:
+    """All 16 class names, in label order."""
     return [class_name(i) for i in range(NUM_CLASSES)]
 
 
+class Shape(NamedTuple):
+    """One shape: half-extent `radius` and `centre` (x, y) in units of the image side."""
+
+    kind: str
+    colour: str
+    radius: float
+    centre: np.ndarray
+
+
 def _background(rng: np.random.Generator, side: int, textured: bool) -> np.ndarray:
-    """A muted base colour, optionally with low-contrast stripes, checks or a gradient: [side, side, 3]."""
+    """A muted base colour, optionally with low-contrast stripes, checks, a gradient or smooth noise:
+    float [side, side, 3]."""
     base = rng.uniform(70, 170) + rng.uniform(-15, 15, size=3)
     img = np.broadcast_to(base, (side, side, 3)).astype(np.float32)
     if textured:
         yy, xx = np.mgrid[0:side, 0:side].astype(np.float32) / side
-        pattern = rng.integers(3)
+        pattern = rng.integers(4)
         if pattern == 0:  # stripes in a random direction
             angle, freq = rng.uniform(0, np.pi), rng.uniform(3, 8)
             wave = np.sin(2 * np.pi * freq * (xx * np.cos(angle) + yy * np.sin(angle)))
         elif pattern == 1:  # checkerboard
             cells = rng.integers(3, 9)
             wave = ((np.floor(xx * cells) + np.floor(yy * cells)) % 2) * 2 - 1
-        else:  # linear gradient
+        elif pattern == 2:  # linear gradient
             angle = rng.uniform(0, 2 * np.pi)
-            wave = (xx - 0.5) * np.cos(angle) + (yy - 0.5) * np.sin(angle)
+            wave = 2 * ((xx - 0.5) * np.cos(angle) + (yy - 0.5) * np.sin(angle))
+        else:  # smooth noise: a coarse random grid, bicubic-upsampled
+            coarse = Image.fromarray(rng.uniform(-1, 1, size=(4, 4)).astype(np.float32))
+            wave = np.asarray(coarse.resize((side, side), Image.Resampling.BICUBIC))
         img = img + rng.uniform(8, 16) * wave[..., None]
     return img
 
 
-def _draw(draw: ImageDraw.ImageDraw, kind: str, cx: float, cy: float, r: float, fill: tuple[int, int, int]) -> None:
-    """One shape of half-extent r centred at (cx, cy), in canvas pixels."""
-    if kind == "circle":
+def _place(rng: np.random.Generator, radius: float, taken: list[Shape]) -> np.ndarray:
+    """A centre for a shape of half-extent `radius` whose bounding box keeps clear of the `taken` shapes:
+    the first of 32 random candidates that fits, else the one with the most room."""
+    margin = radius + 0.02
+    candidates = rng.uniform(margin, 1 - margin, size=(32, 2))
+    gaps = [np.abs(candidates - s.centre).max(axis=1) - (s.radius + radius + 0.02) for s in taken]
+    room = np.min(gaps, axis=0)  # Chebyshev distance between centres minus the half-extents and a gap
+    fits = np.flatnonzero(room > 0)
+    return candidates[fits[0] if len(fits) else room.argmax()]
+
+
+def _draw(draw: ImageDraw.ImageDraw, shape: Shape, side: int) -> None:
+    """Draw `shape` on a canvas of `side` pixels."""
+    (cx, cy), r, fill = shape.centre * side, shape.radius * side, COLORS[shape.colour]
+    if shape.kind == "circle":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
-    elif kind == "square":
+    elif shape.kind == "square":
         s = r * 0.9
         draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=fill)
-    elif kind == "triangle":
+    elif shape.kind == "triangle":
         draw.polygon([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)], fill=fill)
     else:  # cross
         w = r * 0.36
@@ -85,9 +113,9 @@ def _draw(draw: ImageDraw.ImageDraw, kind: str, cx: float, cy: float, r: float, 
         draw.rectangle([cx - w, cy - r, cx + w, cy + r], fill=fill)
 
 
-def _relation(primary: tuple[float, float], other: tuple[float, float]) -> str:
-    """Where the primary shape is relative to another (image y grows downwards)."""
-    dx, dy = primary[0] - other[0], primary[1] - other[1]
+def _relation(primary: np.ndarray, other: np.ndarray) -> str:
+    """Where the primary shape is relative to another, from their centres (image y grows downwards)."""
+    dx, dy = primary - other
     if abs(dy) >= abs(dx):
         return "above" if dy < 0 else "below"
     return "left of" if dx < 0 else "right of"
@@ -95,39 +123,39 @@ def _relation(primary: tuple[float, float], other: tuple[float, float]) -> str:
 
 def render_shapes(seed: int, index: int, size: int, spec: ShapesSpec = ShapesSpec()) -> tuple[np.ndarray, int, str]:
     """Image [size, size, 3] uint8, class label and caption of sample `index` of the set `seed`."""
-    if size < 8:
-        raise ValueError(f"image size {size} is too small for shapes (need >= 8)")
+    if size < MIN_SIZE:
+        raise ValueError(f"image size {size} is too small for shapes (need >= {MIN_SIZE})")
     rng = np.random.default_rng([seed, index])
     side = size * SUPERSAMPLE
-    canvas = Image.fromarray(
-        np.clip(_background(rng, side, rng.random() < spec.textured_fraction), 0, 255).astype(np.uint8))
-    draw = ImageDraw.Draw(canvas)
-    colours = list(COLORS)
+    textured = rng.random() < spec.textured_fraction
+    canvas = Image.fromarray(np.clip(_background(rng, side, textured), 0, 255).astype(np.uint8))
     n_shapes = int(rng.integers(spec.min_shapes, spec.max_shapes + 1))
 
-    kind, colour = KINDS[rng.integers(len(KINDS))], colours[rng.integers(len(colours))]
+    colours = list(COLORS)
     r = rng.uniform(0.18, 0.27)
-    centre = rng.uniform(r + 0.03, 1 - r - 0.03, size=2)
-    others = []
-    for _ in range(n_shapes - 1):  # distractors: at most half the primary's size, mostly beside it
+    primary = Shape(KINDS[rng.integers(len(KINDS))], colours[rng.integers(len(colours))], r,
+                    rng.uniform(r + 0.03, 0.97 - r, size=2))
+    others: list[Shape] = []
+    for _ in range(n_shapes - 1):  # distractors: at most half the primary's size, beside it
         rd = rng.uniform(0.07, 0.5 * r)
-        for _try in range(20):
-            c = rng.uniform(rd + 0.02, 1 - rd - 0.02, size=2)
-            if np.abs(c - centre).max() > r + 0.5 * rd:
-                break
-        others.append((KINDS[rng.integers(len(KINDS))], colours[rng.integers(len(colours))], rd, c))
-    for k, col, rd, c in others:
-        _draw(draw, k, c[0] * side, c[1] * side, rd * side, COLORS[col])
-    _draw(draw, kind, centre[0] * side, centre[1] * side, r * side, COLORS[colour])
+        others.append(Shape(KINDS[rng.integers(len(KINDS))], colours[rng.integers(len(colours))], rd,
+                            _place(rng, rd, [primary, *others])))
+    draw = ImageDraw.Draw(canvas)
+    for shape in [*others, primary]:  # the primary last, on top
+        _draw(draw, shape, side)
 
     image = np.asarray(canvas.resize((size, size), Image.Resampling.BOX))
-    label = KINDS.index(kind) * len(COLORS) + colours.index(colour)
-    caption = f"a large {colour} {kind}"
+    label = KINDS.index(primary.kind) * len(COLORS) + colours.index(primary.colour)
+    caption = f"a large {primary.colour} {primary.kind}"
     if others:
-        k, col, _, c = others[0]
-        caption += f" {_relation(tuple(centre), tuple(c))} a small {col} {k}"
-        caption += "".join(f" and a small {col} {k}" for k, col, _, _ in others[1:])
+        caption += f" {_relation(primary.centre, others[0].centre)} "
+        caption += " and ".join(f"a small {s.colour} {s.kind}" for s in others)
     return image, label, caption
+
+
+def shapes_key(seed: int, index: int) -> str:
+    """The sample id of image `index` of the set `seed`."""
+    return f"shapes-{seed}-{index:08d}"
 
 
 def mirror_caption(caption: str) -> str:
@@ -142,6 +170,9 @@ class ShapesDataset(Dataset):
 
     def __init__(self, n: int, image_size: int, seed: int = 0, spec: ShapesSpec = ShapesSpec(),
                  flip: bool = False) -> None:
+        if n < 0 or image_size < MIN_SIZE:
+            raise ValueError(f"ShapesDataset needs n >= 0 and image_size >= {MIN_SIZE}, got n={n}, "
+                             f"image_size={image_size}")
         self.n, self.image_size, self.seed, self.spec, self.flip = n, image_size, seed, spec, flip
 
     def __len__(self) -> int:
@@ -154,7 +185,7 @@ class ShapesDataset(Dataset):
         image, label, caption = render_shapes(self.seed, index, self.image_size, self.spec)
         if self.flip and aug_seed is not None and np.random.default_rng(aug_seed).random() < 0.5:
             image, caption = image[:, ::-1], mirror_caption(caption)
-        return {"image": to_tensor(image), "label": label, "text": caption, "key": f"shapes-{self.seed}-{index:08d}"}
+        return {"image": to_tensor(image), "label": label, "text": caption, "key": shapes_key(self.seed, index)}
 
 
 def render_batch(n: int, image_size: int, seed: int = 0, spec: ShapesSpec = ShapesSpec(),
@@ -169,13 +200,12 @@ def write_shapes_folder(out: str | Path, n: int, image_size: int, seed: int = 0,
     """Write the set as `out/<NN>_<colour>_<kind>/<key>.png` + `<key>.txt` caption (sorted folder names
     give the same label indices as ShapesDataset)."""
     root = Path(out)
-    for label in range(NUM_CLASSES):  # every class folder, so labels match even when a class is absent
-        (root / f"{label:02d}_{class_name(label).replace(' ', '_')}").mkdir(parents=True, exist_ok=True)
+    folders = [root / f"{label:02d}_{class_name(label).replace(' ', '_')}" for label in range(NUM_CLASSES)]
+    for folder in folders:  # every class folder, so labels match even when a class is absent
+        folder.mkdir(parents=True, exist_ok=True)
     for index in range(n):
         image, label, caption = render_shapes(seed, index, image_size, spec)
-        folder = root / f"{label:02d}_{class_name(label).replace(' ', '_')}"
-        folder.mkdir(parents=True, exist_ok=True)
-        key = f"shapes-{seed}-{index:08d}"
-        Image.fromarray(image).save(folder / f"{key}.png")
-        (folder / f"{key}.txt").write_text(caption + "\n")
+        key = shapes_key(seed, index)
+        Image.fromarray(image).save(folders[label] / f"{key}.png")
+        (folders[label] / f"{key}.txt").write_text(caption + "\n", encoding="utf-8")
     return root

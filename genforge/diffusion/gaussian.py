@@ -1,7 +1,8 @@
-"""Gaussian diffusion in the IDDPM formulation (Nichol & Dhariwal 2021), on tensors of any rank.
+"""Gaussian diffusion in the IDDPM formulation (Nichol & Dhariwal 2021) on tensors of any rank.
 
-A model is any callable `model(x_t, t, **model_kwargs) -> Tensor`: [B, C, ...] for fixed variances, or
-[B, 2C, ...] with learned-range variance (the extra channels are v of IDDPM eq. 15).
+A model is any callable `model(x_t, t, **model_kwargs) -> Tensor`, t long [B] in the original schedule's
+index space: it returns [B, C, ...] for a fixed variance, or [B, 2C, ...] with LEARNED_RANGE, the last C
+channels being v of IDDPM eq. 15. x may be [B, C, H, W], [B, C, T, H, W] or any other [B, C, ...].
 """
 
 from __future__ import annotations
@@ -19,25 +20,28 @@ Model = Callable[..., Tensor]
 
 
 class MeanType(enum.Enum):
-    """What the network predicts for the mean."""
+    """What the network's mean channels predict."""
 
-    EPSILON = "eps"  # the noise ε (DDPM)
+    EPSILON = "eps"  # the noise ε (DDPM eq. 11)
     START_X = "x0"  # the clean sample x_0
-    VELOCITY = "v"  # v = √ᾱ·ε − √(1−ᾱ)·x_0 (Salimans & Ho 2022)
+    VELOCITY = "v"  # v = √ᾱ_t·ε − √(1−ᾱ_t)·x_0 (Salimans & Ho 2022, §4)
 
 
 class VarType(enum.Enum):
     """How the reverse-process variance Σ_θ(x_t, t) is chosen."""
 
-    FIXED_SMALL = "fixed_small"  # β̃_t, the posterior variance
-    FIXED_LARGE = "fixed_large"  # β_t
-    LEARNED_RANGE = "learned_range"  # exp(v·log β_t + (1−v)·log β̃_t), IDDPM eq. 15
+    FIXED_SMALL = "fixed_small"  # β̃_t, the posterior variance (DDPM §3.2)
+    FIXED_LARGE = "fixed_large"  # β_t (DDPM §3.2)
+    LEARNED_RANGE = "learned_range"  # exp(u·log β_t + (1−u)·log β̃_t), u = (v+1)/2 (IDDPM eq. 15)
 
 
 class LossType(enum.Enum):
-    """Training objective. With LEARNED_RANGE, MSE is the hybrid loss L_simple + L_vb (stop-grad on the
-    mean for L_vb) with L_vb per timestep, as DiT's code weights it; RESCALED_MSE multiplies L_vb by
-    T/1000, the paper's λ = 0.001 on the full-chain L_vlb (IDDPM §3.1). KL trains on L_vlb alone."""
+    """Training objective (IDDPM §3.1). With LEARNED_RANGE the MSE losses are the hybrid L_simple + w·L_t, L_t
+    the VLB term in bits/dim with the mean detached so it trains only the variance.
+
+    MSE: w = 1, what DiT's (and IDDPM's default) code trains. RESCALED_MSE: w = T/1000, the paper's
+    λ = 0.001 on L_vlb ≈ T·L_t under uniform t. The two agree at T = 1000. KL trains on L_t alone and
+    RESCALED_KL on T·L_t, the full-chain L_vlb estimate."""
 
     MSE = "mse"
     RESCALED_MSE = "rescaled_mse"
@@ -46,49 +50,49 @@ class LossType(enum.Enum):
 
 
 def mean_flat(x: Tensor) -> Tensor:
-    """Mean over every dimension but the batch."""
+    """Mean over every dimension but the batch: [B, ...] → [B]."""
     return x.mean(dim=tuple(range(1, x.ndim)))
 
 
 def normal_kl(mean1: Tensor, logvar1: Tensor, mean2: Tensor, logvar2: Tensor) -> Tensor:
-    """KL(N(mean1, e^logvar1) || N(mean2, e^logvar2)), elementwise, in nats."""
-    return 0.5 * (-1.0 + logvar2 - logvar1 + torch.exp(logvar1 - logvar2) + (mean1 - mean2) ** 2 * torch.exp(-logvar2))
+    """Elementwise KL(N(mean1, e^logvar1) ‖ N(mean2, e^logvar2)) in nats (the Gaussian KLs of DDPM eq. 5)."""
+    return 0.5 * (logvar2 - logvar1 - 1.0 + torch.exp(logvar1 - logvar2) + (mean1 - mean2) ** 2 * torch.exp(-logvar2))
 
 
-def _standard_normal_cdf(x: Tensor) -> Tensor:
-    """Fast tanh approximation of Φ(x)."""
+def _normal_cdf(x: Tensor) -> Tensor:
+    """Φ(x) by its tanh approximation (Page 1977), smooth and cheap."""
     return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def discretized_gaussian_log_likelihood(x: Tensor, means: Tensor, log_scales: Tensor) -> Tensor:
-    """log p(x) of data in [-1, 1] quantised to 256 bins under N(means, e^{2·log_scales}) (DDPM §3.3)."""
-    centered = x - means
+    """Elementwise log p(x) of 8-bit data scaled to [-1, 1] under N(means, e^{2·log_scales}) integrated over each
+    bin of width 2/255, the outer bins extended to ±∞ (DDPM §3.3 decoder)."""
     inv_std = torch.exp(-log_scales)
-    cdf_plus = _standard_normal_cdf(inv_std * (centered + 1.0 / 255))
-    cdf_min = _standard_normal_cdf(inv_std * (centered - 1.0 / 255))
-    log_cdf_plus = torch.log(cdf_plus.clamp(min=1e-12))
-    log_one_minus_cdf_min = torch.log((1.0 - cdf_min).clamp(min=1e-12))
-    log_delta = torch.log((cdf_plus - cdf_min).clamp(min=1e-12))
-    return torch.where(x < -0.999, log_cdf_plus, torch.where(x > 0.999, log_one_minus_cdf_min, log_delta))
+    upper = _normal_cdf(inv_std * (x - means + 1.0 / 255))  # Φ at the bin's upper edge
+    lower = _normal_cdf(inv_std * (x - means - 1.0 / 255))  # Φ at the bin's lower edge
+    log = lambda p: torch.log(p.clamp(min=1e-12))  # noqa: E731
+    return torch.where(x < -0.999, log(upper), torch.where(x > 0.999, log(1.0 - lower), log(upper - lower)))
 
 
 class GaussianDiffusion:
-    """Forward process q, reverse process p_θ, the training losses and the DDPM/DDIM samplers."""
+    """Forward process q, reverse process p_θ, training losses and the DDPM/DDIM samplers for T = len(betas) steps."""
 
     def __init__(self, betas: np.ndarray, mean_type: MeanType, var_type: VarType, loss_type: LossType) -> None:
         betas = np.asarray(betas, dtype=np.float64)
-        if betas.ndim != 1 or not ((betas > 0) & (betas <= 1)).all():
-            raise ValueError("betas must be a 1-D array in (0, 1]")
+        if betas.ndim != 1 or len(betas) == 0 or not ((betas > 0) & (betas <= 1)).all():
+            raise ValueError("betas must be a non-empty 1-D array with values in (0, 1]")
         self.mean_type, self.var_type, self.loss_type = mean_type, var_type, loss_type
         self.num_timesteps = len(betas)
-        self.timestep_map: Tensor | None = None  # respacing: model sees original timestep indices
 
         alphas = 1.0 - betas
         ac = np.cumprod(alphas)
         ac_prev = np.append(1.0, ac[:-1])
         posterior_variance = betas * (1.0 - ac_prev) / (1.0 - ac)  # β̃_t, DDPM eq. 7
-        self.np = {
+        # β̃_0 = 0: its log is clipped to β̃_1 as IDDPM does (to β_0 when there is a single step)
+        clipped = np.append(posterior_variance[1] if len(betas) > 1 else betas[0], posterior_variance[1:])
+        coefs = {
             "betas": betas,
+            "log_betas": np.log(betas),
             "alphas_cumprod": ac,
             "alphas_cumprod_prev": ac_prev,
             "sqrt_alphas_cumprod": np.sqrt(ac),
@@ -96,91 +100,103 @@ class GaussianDiffusion:
             "sqrt_recip_alphas_cumprod": np.sqrt(1.0 / ac),
             "sqrt_recipm1_alphas_cumprod": np.sqrt(1.0 / ac - 1.0),
             "posterior_variance": posterior_variance,
-            # β̃_0 = 0: clip the log at t = 0 to β̃_1, as IDDPM does
-            "posterior_log_variance_clipped": np.log(np.append(posterior_variance[1], posterior_variance[1:])),
+            "posterior_log_variance_clipped": np.log(clipped),
             "posterior_mean_coef1": betas * np.sqrt(ac_prev) / (1.0 - ac),  # DDPM eq. 7
             "posterior_mean_coef2": (1.0 - ac_prev) * np.sqrt(alphas) / (1.0 - ac),
-            "log_betas": np.log(betas),
-            "fixed_large_variance": np.append(posterior_variance[1], betas[1:]),
+            # FIXED_LARGE uses β_t, with β̃_1 at t = 0 for a better decoder likelihood (IDDPM)
+            "large_variance": np.append(clipped[0], betas[1:]),
+            "large_log_variance": np.log(np.append(clipped[0], betas[1:])),
         }
-        self._tables: dict[torch.device, dict[str, Tensor]] = {}
+        self.coefs: dict[str, Tensor] = {k: torch.from_numpy(v) for k, v in coefs.items()}  # float64, CPU
+        self._tables: dict[torch.device, dict[str, Tensor]] = {}  # float32 copies, one per device
 
     # ------------------------------------------------------------------------------ coefficients
-    def _coef(self, name: str, t: Tensor, ndim: int) -> Tensor:
-        """Coefficient `name` at timesteps t [B], shaped [B, 1, ...] to broadcast against an ndim tensor."""
+    def _coef(self, name: str, t: Tensor, like: Tensor) -> Tensor:
+        """Coefficient `name` at timesteps t [B], shaped [B, 1, ...] to broadcast against `like`."""
         if t.device not in self._tables:
-            self._tables[t.device] = {k: torch.from_numpy(v).float().to(t.device) for k, v in self.np.items()}
-        return self._tables[t.device][name][t].view(-1, *([1] * (ndim - 1)))
+            self._tables[t.device] = {k: v.to(t.device, torch.float32) for k, v in self.coefs.items()}
+        return self._tables[t.device][name][t].view(-1, *([1] * (like.ndim - 1)))
 
-    def _call(self, model: Model, x: Tensor, t: Tensor, model_kwargs: dict[str, Any] | None) -> Tensor:
-        if self.timestep_map is not None:
-            t = self.timestep_map.to(t.device)[t]
+    def _run_model(self, model: Model, x: Tensor, t: Tensor, model_kwargs: dict[str, Any] | None) -> Tensor:
+        """model(x_t, t, **model_kwargs); SpacedDiffusion overrides it to pass the original timestep indices."""
         return model(x, t, **(model_kwargs or {}))
 
     # ---------------------------------------------------------------------------- forward process
     def q_mean_variance(self, x_start: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q(x_t | x_0) = N(√ᾱ_t·x_0, (1 − ᾱ_t)·I) (DDPM eq. 4): mean, variance, log-variance."""
-        mean = self._coef("sqrt_alphas_cumprod", t, x_start.ndim) * x_start
-        variance = 1.0 - self._coef("alphas_cumprod", t, x_start.ndim)
-        return mean, variance.expand_as(x_start), torch.log(variance).expand_as(x_start)
+        mean = self._coef("sqrt_alphas_cumprod", t, x_start) * x_start
+        variance = (1.0 - self._coef("alphas_cumprod", t, x_start)).expand_as(x_start)
+        return mean, variance, torch.log(variance)
 
     def q_sample(self, x_start: Tensor, t: Tensor, noise: Tensor) -> Tensor:
-        """x_t = √ᾱ_t·x_0 + √(1 − ᾱ_t)·ε."""
-        n = x_start.ndim
-        return self._coef("sqrt_alphas_cumprod", t, n) * x_start + self._coef("sqrt_one_minus_alphas_cumprod", t, n) * noise
+        """x_t = √ᾱ_t·x_0 + √(1 − ᾱ_t)·ε, a draw from q(x_t | x_0) (DDPM eq. 4)."""
+        return (self._coef("sqrt_alphas_cumprod", t, x_start) * x_start
+                + self._coef("sqrt_one_minus_alphas_cumprod", t, x_start) * noise)
 
     def q_posterior_mean_variance(self, x_start: Tensor, x_t: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q(x_{t−1} | x_t, x_0) = N(μ̃_t, β̃_t·I) (DDPM eq. 6–7): mean, variance, clipped log-variance."""
-        n = x_t.ndim
-        mean = self._coef("posterior_mean_coef1", t, n) * x_start + self._coef("posterior_mean_coef2", t, n) * x_t
-        return (mean, self._coef("posterior_variance", t, n).expand_as(x_t),
-                self._coef("posterior_log_variance_clipped", t, n).expand_as(x_t))
+        """q(x_{t−1} | x_t, x_0) = N(μ̃_t, β̃_t·I) (DDPM eq. 6–7): mean, variance, log-variance
+        (clipped at t = 0)."""
+        mean = (self._coef("posterior_mean_coef1", t, x_t) * x_start
+                + self._coef("posterior_mean_coef2", t, x_t) * x_t)
+        variance = self._coef("posterior_variance", t, x_t).expand_as(x_t)
+        return mean, variance, self._coef("posterior_log_variance_clipped", t, x_t).expand_as(x_t)
 
     # ------------------------------------------------------------------------------- conversions
     def predict_xstart_from_eps(self, x_t: Tensor, t: Tensor, eps: Tensor) -> Tensor:
-        n = x_t.ndim
-        return self._coef("sqrt_recip_alphas_cumprod", t, n) * x_t - self._coef("sqrt_recipm1_alphas_cumprod", t, n) * eps
+        """x_0 = (x_t − √(1−ᾱ_t)·ε)/√ᾱ_t (DDPM eq. 4 solved for x_0)."""
+        return (self._coef("sqrt_recip_alphas_cumprod", t, x_t) * x_t
+                - self._coef("sqrt_recipm1_alphas_cumprod", t, x_t) * eps)
 
     def predict_eps_from_xstart(self, x_t: Tensor, t: Tensor, x_start: Tensor) -> Tensor:
-        n = x_t.ndim
-        return (self._coef("sqrt_recip_alphas_cumprod", t, n) * x_t - x_start) / self._coef(
-            "sqrt_recipm1_alphas_cumprod", t, n)
+        """ε = (x_t − √ᾱ_t·x_0)/√(1−ᾱ_t) (DDPM eq. 4 solved for ε)."""
+        return ((self._coef("sqrt_recip_alphas_cumprod", t, x_t) * x_t - x_start)
+                / self._coef("sqrt_recipm1_alphas_cumprod", t, x_t))
 
     def predict_xstart_from_v(self, x_t: Tensor, t: Tensor, v: Tensor) -> Tensor:
-        """x_0 = √ᾱ·x_t − √(1−ᾱ)·v."""
-        n = x_t.ndim
-        return self._coef("sqrt_alphas_cumprod", t, n) * x_t - self._coef("sqrt_one_minus_alphas_cumprod", t, n) * v
+        """x_0 = √ᾱ_t·x_t − √(1−ᾱ_t)·v (Salimans & Ho 2022, §4)."""
+        return (self._coef("sqrt_alphas_cumprod", t, x_t) * x_t
+                - self._coef("sqrt_one_minus_alphas_cumprod", t, x_t) * v)
 
     def velocity(self, x_start: Tensor, t: Tensor, noise: Tensor) -> Tensor:
-        """v = √ᾱ·ε − √(1−ᾱ)·x_0."""
-        n = x_start.ndim
-        return self._coef("sqrt_alphas_cumprod", t, n) * noise - self._coef("sqrt_one_minus_alphas_cumprod", t, n) * x_start
+        """The v-prediction target v = √ᾱ_t·ε − √(1−ᾱ_t)·x_0 (Salimans & Ho 2022, §4)."""
+        return (self._coef("sqrt_alphas_cumprod", t, x_start) * noise
+                - self._coef("sqrt_one_minus_alphas_cumprod", t, x_start) * x_start)
 
     # ---------------------------------------------------------------------------- reverse process
+    def _split_output(self, out: Tensor, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Model output → (mean channels, variance channels or None)."""
+        c = x.shape[1]
+        expected = 2 * c if self.var_type == VarType.LEARNED_RANGE else c
+        if out.shape[1] != expected:
+            raise ValueError(f"{self.var_type.name} needs a model output with {expected} channels, got {out.shape[1]}")
+        return (out[:, :c], out[:, c:]) if self.var_type == VarType.LEARNED_RANGE else (out, None)
+
     def p_mean_variance(self, model: Model, x: Tensor, t: Tensor, model_kwargs: dict[str, Any] | None = None,
                         clip_denoised: bool = True, denoised_fn: Callable[[Tensor], Tensor] | None = None,
                         model_output: Tensor | None = None) -> dict[str, Tensor]:
-        """p_θ(x_{t−1} | x_t): mean, variance, log_variance, and the predicted x_0 and ε."""
-        out = self._call(model, x, t, model_kwargs) if model_output is None else model_output
-        c, n = x.shape[1], x.ndim
-        if self.var_type == VarType.LEARNED_RANGE:
-            out, v = out[:, :c], out[:, c:]
-            frac = (v + 1) / 2  # v in [-1, 1] interpolates between log β̃_t and log β_t (IDDPM eq. 15)
-            log_variance = (frac * self._coef("log_betas", t, n)
-                            + (1 - frac) * self._coef("posterior_log_variance_clipped", t, n))
+        """p_θ(x_{t−1} | x_t) = N(μ̃_t(x̂_0, x_t), Σ_θ) (DDPM eq. 1, IDDPM eq. 15): dict of mean, variance,
+        log_variance, pred_xstart (x̂_0 after denoised_fn and clipping to [-1, 1]) and eps (ε implied by x̂_0).
+        Pass `model_output` to reuse an output already computed for (x, t)."""
+        out = self._run_model(model, x, t, model_kwargs) if model_output is None else model_output
+        mean_out, var_out = self._split_output(out, x)
+        if var_out is not None:
+            frac = (var_out + 1) / 2  # v ∈ [-1, 1] → interpolation weight u ∈ [0, 1] (IDDPM eq. 15)
+            log_variance = (frac * self._coef("log_betas", t, x)
+                            + (1 - frac) * self._coef("posterior_log_variance_clipped", t, x))
             variance = torch.exp(log_variance)
+        elif self.var_type == VarType.FIXED_SMALL:
+            variance = self._coef("posterior_variance", t, x).expand_as(x)
+            log_variance = self._coef("posterior_log_variance_clipped", t, x).expand_as(x)
         else:
-            name = "posterior_variance" if self.var_type == VarType.FIXED_SMALL else "fixed_large_variance"
-            variance = self._coef(name, t, n).expand_as(x)
-            log_variance = torch.log(variance.clamp(min=1e-20)) if self.var_type == VarType.FIXED_LARGE \
-                else self._coef("posterior_log_variance_clipped", t, n).expand_as(x)
+            variance = self._coef("large_variance", t, x).expand_as(x)
+            log_variance = self._coef("large_log_variance", t, x).expand_as(x)
 
         if self.mean_type == MeanType.EPSILON:
-            pred_xstart = self.predict_xstart_from_eps(x, t, out)
+            pred_xstart = self.predict_xstart_from_eps(x, t, mean_out)
         elif self.mean_type == MeanType.START_X:
-            pred_xstart = out
+            pred_xstart = mean_out
         else:
-            pred_xstart = self.predict_xstart_from_v(x, t, out)
+            pred_xstart = self.predict_xstart_from_v(x, t, mean_out)
         if denoised_fn is not None:
             pred_xstart = denoised_fn(pred_xstart)
         if clip_denoised:
@@ -193,85 +209,99 @@ class GaussianDiffusion:
     def vb_terms_bpd(self, model: Model, x_start: Tensor, x_t: Tensor, t: Tensor,
                      model_kwargs: dict[str, Any] | None = None, clip_denoised: bool = True,
                      model_output: Tensor | None = None) -> dict[str, Tensor]:
-        """The VLB term L_t in bits/dim: KL(q(x_{t−1}|x_t,x_0) || p_θ(x_{t−1}|x_t)) for t > 0, and the
-        discretised decoder NLL −log p_θ(x_0|x_1) at t = 0 (DDPM eq. 5)."""
+        """The VLB term L_t in bits/dim, [B] (DDPM eq. 5): KL(q(x_{t−1}|x_t,x_0) ‖ p_θ(x_{t−1}|x_t)) for t > 0
+        and the discretised decoder NLL −log p_θ(x_0|x_1) at t = 0. Returns dict(output, pred_xstart)."""
         true_mean, _, true_log_variance = self.q_posterior_mean_variance(x_start, x_t, t)
         out = self.p_mean_variance(model, x_t, t, model_kwargs, clip_denoised, model_output=model_output)
         kl = mean_flat(normal_kl(true_mean, true_log_variance, out["mean"], out["log_variance"])) / math.log(2.0)
-        nll = -mean_flat(discretized_gaussian_log_likelihood(
+        decoder_nll = -mean_flat(discretized_gaussian_log_likelihood(
             x_start, means=out["mean"], log_scales=0.5 * out["log_variance"])) / math.log(2.0)
-        return {"output": torch.where(t == 0, nll, kl), "pred_xstart": out["pred_xstart"]}
+        return {"output": torch.where(t == 0, decoder_nll, kl), "pred_xstart": out["pred_xstart"]}
 
     def training_losses(self, model: Model, x_start: Tensor, t: Tensor, model_kwargs: dict[str, Any] | None = None,
                         noise: Tensor | None = None) -> dict[str, Tensor]:
-        """Per-example losses [B] at timesteps t: "loss", plus "mse" and "vb" where they apply."""
+        """Per-example losses [B] at timesteps t: "loss", plus "mse" (L_simple, DDPM eq. 14, on the target of
+        mean_type) and "vb" (IDDPM §3.1) where they apply."""
         noise = torch.randn_like(x_start) if noise is None else noise
         x_t = self.q_sample(x_start, t, noise)
-        terms: dict[str, Tensor] = {}
         if self.loss_type in (LossType.KL, LossType.RESCALED_KL):
-            terms["loss"] = self.vb_terms_bpd(model, x_start, x_t, t, model_kwargs, clip_denoised=False)["output"]
-            if self.loss_type == LossType.RESCALED_KL:
-                terms["loss"] = terms["loss"] * self.num_timesteps
-            return terms
+            vb = self.vb_terms_bpd(model, x_start, x_t, t, model_kwargs, clip_denoised=False)["output"]
+            return {"loss": vb * self.num_timesteps if self.loss_type == LossType.RESCALED_KL else vb}
 
-        out = self._call(model, x_t, t, model_kwargs)
-        c = x_start.shape[1]
-        if self.var_type == VarType.LEARNED_RANGE:
-            # L_vb trains only the variance: the mean output is detached (IDDPM §3.1)
-            frozen = torch.cat([out[:, :c].detach(), out[:, c:]], dim=1)
-            terms["vb"] = self.vb_terms_bpd(model, x_start, x_t, t, clip_denoised=False, model_output=frozen)["output"]
-            if self.loss_type == LossType.RESCALED_MSE:
-                terms["vb"] = terms["vb"] * (self.num_timesteps / 1000.0)
-        target = {MeanType.EPSILON: noise, MeanType.START_X: x_start,
-                  MeanType.VELOCITY: self.velocity(x_start, t, noise)}[self.mean_type]
-        terms["mse"] = mean_flat((target - out[:, :c]) ** 2)
+        out = self._run_model(model, x_t, t, model_kwargs)
+        mean_out, var_out = self._split_output(out, x_start)
+        terms: dict[str, Tensor] = {}
+        if var_out is not None:  # L_t trains only the variance: the mean channels are detached (IDDPM §3.1)
+            frozen = torch.cat([mean_out.detach(), var_out], dim=1)
+            vb = self.vb_terms_bpd(model, x_start, x_t, t, clip_denoised=False, model_output=frozen)["output"]
+            terms["vb"] = vb * (self.num_timesteps / 1000.0) if self.loss_type == LossType.RESCALED_MSE else vb
+        if self.mean_type == MeanType.EPSILON:
+            target = noise
+        elif self.mean_type == MeanType.START_X:
+            target = x_start
+        else:
+            target = self.velocity(x_start, t, noise)
+        terms["mse"] = mean_flat((target - mean_out) ** 2)
         terms["loss"] = terms["mse"] + terms["vb"] if "vb" in terms else terms["mse"]
         return terms
 
-    def sample_timesteps(self, batch_size: int, device: torch.device | str,
+    def sample_timesteps(self, batch_size: int, device: torch.device | str = "cpu",
                          generator: torch.Generator | None = None) -> Tensor:
-        """t ~ U{0, …, T−1}."""
-        return torch.randint(0, self.num_timesteps, (batch_size,), device=device, generator=generator)
+        """t ~ U{0, …, T−1}, long [batch_size] (DDPM Algorithm 1)."""
+        source = generator.device if generator is not None else device
+        return torch.randint(0, self.num_timesteps, (batch_size,), generator=generator, device=source).to(device)
 
     # ---------------------------------------------------------------------------------- samplers
     @staticmethod
     def _randn(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
-        gen_device = generator.device if generator is not None else device
-        return torch.randn(shape, generator=generator, device=gen_device).to(device)
+        """N(0, I) drawn on the generator's device (reproducible per generator), then moved to `device`."""
+        draw_on = generator.device if generator is not None else device
+        return torch.randn(shape, generator=generator, device=draw_on).to(device)
 
-    def _start(self, shape, noise, generator) -> Tensor:
-        if noise is not None:
-            return noise
-        return self._randn(tuple(shape), generator, generator.device if generator is not None else torch.device("cpu"))
+    def _loop(self, step: Callable[[Tensor, Tensor, int], Tensor], shape: tuple[int, ...], noise: Tensor | None,
+              generator: torch.Generator | None, device: torch.device | str | None, progress: bool,
+              desc: str) -> Tensor:
+        """x ← step(x, t, i) for i = T−1, …, 0 from x_T = `noise` or a draw from `generator`."""
+        if device is None:
+            device = noise.device if noise is not None else generator.device if generator is not None else "cpu"
+        device = torch.device(device)
+        x = noise.to(device) if noise is not None else self._randn(tuple(shape), generator, device)
+        for i in tqdm(range(self.num_timesteps - 1, -1, -1), desc=desc, disable=not progress, leave=False):
+            x = step(x, torch.full((x.shape[0],), i, device=device, dtype=torch.long), i)
+        return x
 
     @torch.no_grad()
     def p_sample_loop(self, model: Model, shape: tuple[int, ...], noise: Tensor | None = None,
                       model_kwargs: dict[str, Any] | None = None, clip_denoised: bool = True,
-                      generator: torch.Generator | None = None, progress: bool = False) -> Tensor:
-        """Ancestral sampling x_T → x_0 (DDPM Algorithm 2); no noise is added at the last step."""
-        x = self._start(shape, noise, generator)
-        for i in tqdm(range(self.num_timesteps - 1, -1, -1), disable=not progress, desc="ddpm", leave=False):
-            t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
+                      generator: torch.Generator | None = None, progress: bool = False,
+                      device: torch.device | str | None = None) -> Tensor:
+        """Ancestral sampling x_T → x_0 (DDPM Algorithm 2), no noise added at the last step. Runs on `device`,
+        else noise's, else the generator's, else the CPU."""
+
+        def step(x: Tensor, t: Tensor, i: int) -> Tensor:
             out = self.p_mean_variance(model, x, t, model_kwargs, clip_denoised)
-            z = self._randn(tuple(x.shape), generator, x.device)
-            x = out["mean"] + (i > 0) * torch.exp(0.5 * out["log_variance"]) * z
-        return x
+            if i == 0:
+                return out["mean"]
+            return out["mean"] + torch.exp(0.5 * out["log_variance"]) * self._randn(tuple(x.shape), generator, x.device)
+
+        return self._loop(step, shape, noise, generator, device, progress, "ddpm")
 
     @torch.no_grad()
     def ddim_sample_loop(self, model: Model, shape: tuple[int, ...], noise: Tensor | None = None,
                          model_kwargs: dict[str, Any] | None = None, clip_denoised: bool = True,
                          generator: torch.Generator | None = None, progress: bool = False,
-                         eta: float = 0.0) -> Tensor:
-        """DDIM (Song et al. 2021, eq. 12); eta = 0 is deterministic, eta = 1 matches DDPM's variance."""
-        x = self._start(shape, noise, generator)
-        for i in tqdm(range(self.num_timesteps - 1, -1, -1), disable=not progress, desc="ddim", leave=False):
-            t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
+                         device: torch.device | str | None = None, eta: float = 0.0) -> Tensor:
+        """DDIM (Song et al. 2021, eq. 12 with σ_t(η) of eq. 16): η = 0 is deterministic, η = 1 is DDPM-like.
+        Same arguments as p_sample_loop; the model's variance output, if any, is unused."""
+
+        def step(x: Tensor, t: Tensor, i: int) -> Tensor:
             out = self.p_mean_variance(model, x, t, model_kwargs, clip_denoised)
-            ab = self._coef("alphas_cumprod", t, x.ndim)
-            ab_prev = self._coef("alphas_cumprod_prev", t, x.ndim)
-            sigma = eta * torch.sqrt((1 - ab_prev) / (1 - ab)) * torch.sqrt(1 - ab / ab_prev)
-            x = (out["pred_xstart"] * torch.sqrt(ab_prev)
-                 + torch.sqrt((1 - ab_prev - sigma**2).clamp(min=0)) * out["eps"])
-            if eta > 0 and i > 0:
+            ac, ac_prev = self._coef("alphas_cumprod", t, x), self._coef("alphas_cumprod_prev", t, x)
+            sigma = eta * torch.sqrt((1 - ac_prev) / (1 - ac) * (1 - ac / ac_prev))
+            direction = torch.sqrt((1 - ac_prev - sigma**2).clamp(min=0)) * out["eps"]  # points to x_t
+            x = torch.sqrt(ac_prev) * out["pred_xstart"] + direction
+            if eta > 0 and i > 0:  # σ_0 = 0: no noise at the last step
                 x = x + sigma * self._randn(tuple(x.shape), generator, x.device)
-        return x
+            return x
+
+        return self._loop(step, shape, noise, generator, device, progress, "ddim")

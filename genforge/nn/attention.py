@@ -1,4 +1,7 @@
-"""Transformer building blocks shared by the transformer families (DiT, MaskGIT, Phenaki, ...)."""
+"""Transformer building blocks shared by the transformer families (DiT, MaskGIT, Phenaki, ...).
+
+Shapes: B batch, N tokens, D width, h heads, d = D / h head width.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +10,40 @@ from torch import Tensor, nn
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention: one fused qkv projection and `scaled_dot_product_attention`
-    (flash / memory-efficient kernels where the device has them)."""
+    """Multi-head self-attention (the ViT block that DiT keeps, Peebles & Xie 2023 §3.2): one fused qkv
+    projection, `scaled_dot_product_attention` (flash / memory-efficient kernels where the device has
+    them), output projection."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True) -> None:
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, proj_bias: bool = True) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"attention width {dim} is not divisible by {num_heads} heads")
+            raise ValueError(f"attention width {dim} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
+        self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        b, n, d = x.shape  # [B, N, D]
-        qkv = self.qkv(x).view(b, n, 3, self.num_heads, d // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, N, D/heads]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, heads, N, D/heads]
-        return self.proj(out.transpose(1, 2).reshape(b, n, d))  # [B, N, D]
+        """x [B, N, D] -> [B, N, D].
+
+        `mask` goes to SDPA unchanged: broadcastable to [B, h, N, N]; bool (True = may attend) or
+        float (added to the logits). For key padding pass `keep[:, None, None, :]`.
+        """
+        b, n, dim = x.shape
+        qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim)  # [B, N, 3, h, d]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, h, N, d]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # softmax(q kᵀ / √d) v: [B, h, N, d]
+        return self.proj(out.transpose(1, 2).reshape(b, n, dim))  # [B, N, D]
 
 
 class Mlp(nn.Module):
-    """Linear -> GELU (tanh approximation, as DiT/ViT use) -> Linear."""
+    """Transformer feed-forward: Linear -> GELU (tanh approximation, as ViT / DiT) -> Linear."""
 
-    def __init__(self, dim: int, hidden: int) -> None:
+    def __init__(self, dim: int, hidden_dim: int, out_dim: int | None = None, bias: bool = True) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.fc2 = nn.Linear(hidden_dim, dim if out_dim is None else out_dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x [..., dim] -> [..., out_dim]."""
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))

@@ -1,4 +1,8 @@
-"""Embeddings: sinusoidal timesteps, class labels with a null class, 2-D sin-cos positions, patches."""
+"""Embeddings: sinusoidal timesteps, class labels with a null class, fixed 2-D sin-cos positions, patches.
+
+Follows DiT (Peebles & Xie 2023): §3.2 "Patchify" (patch tokens + sin-cos positions) and the t / class
+conditioning of §3.2, with the label dropout of classifier-free guidance (§3.1).
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,20 @@ from torch import Tensor, nn
 
 
 def timestep_embedding(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
-    """Sinusoidal embedding of (possibly fractional) timesteps [B] -> [B, dim] (Transformer / DDPM)."""
+    """Sinusoidal embedding of timesteps t [B] (integer or fractional) -> [B, dim] float32:
+    [cos(t·f_0), ..., cos(t·f_{k-1}), sin(t·f_0), ..., sin(t·f_{k-1})] with f_i = max_period^(-i/k),
+    k = dim // 2 (Transformer positional encoding); an odd dim gets one zero channel at the end."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
-    args = t.float()[:, None] * freqs[None]  # [B, half]
-    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-    return torch.nn.functional.pad(emb, (0, dim % 2))  # [B, dim]
+    freqs = torch.exp(-math.log(max_period) / half * torch.arange(half, dtype=torch.float32, device=t.device))
+    args = t.to(torch.float32)[:, None] * freqs[None]  # [B, half]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # [B, 2·half]
+    if dim % 2:
+        emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
+    return emb  # [B, dim]
 
 
 class TimestepEmbedder(nn.Module):
-    """Sinusoid -> MLP (SiLU), DiT §3.2."""
+    """t [B] -> [B, hidden]: a `freq_dim`-wide sinusoid, then Linear -> SiLU -> Linear (DiT §3.2)."""
 
     def __init__(self, hidden: int, freq_dim: int = 256) -> None:
         super().__init__()
@@ -26,52 +34,66 @@ class TimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
 
     def forward(self, t: Tensor) -> Tensor:
-        return self.mlp(timestep_embedding(t, self.freq_dim))  # [B, hidden]
+        freq = timestep_embedding(t, self.freq_dim).to(self.mlp[0].weight.dtype)  # [B, freq_dim]
+        return self.mlp(freq)  # [B, hidden]
 
 
 class LabelEmbedder(nn.Module):
-    """Class-label table with one extra "null" class (index num_classes) for classifier-free guidance.
+    """Class labels [B] -> [B, hidden] from a table with one extra "null" class at index `num_classes`.
 
-    Dropout to the null class is the caller's (the task draws it from the batch's reproducible rng);
-    `drop` applies a given mask.
+    Classifier-free guidance (DiT §3.1) trains the null class by replacing each label with it with
+    probability `dropout_prob` while training; `force_drop_ids` (bool or 0/1 [B]) picks the replaced
+    labels instead, in any mode.
     """
 
-    def __init__(self, num_classes: int, hidden: int) -> None:
+    def __init__(self, num_classes: int, hidden: int, dropout_prob: float) -> None:
         super().__init__()
+        if not 0.0 <= dropout_prob <= 1.0:
+            raise ValueError(f"label dropout_prob must be in [0, 1], got {dropout_prob}")
         self.num_classes = num_classes
-        self.table = nn.Embedding(num_classes + 1, hidden)
+        self.null_id = num_classes
+        self.dropout_prob = dropout_prob
+        self.embedding_table = nn.Embedding(num_classes + 1, hidden)
 
     def drop(self, labels: Tensor, drop_mask: Tensor) -> Tensor:
-        """Replace labels where `drop_mask` is True by the null class."""
-        return torch.where(drop_mask, torch.full_like(labels, self.num_classes), labels)
+        """Labels with the null class where `drop_mask` is true."""
+        return labels.masked_fill(drop_mask.bool(), self.null_id)
 
-    def forward(self, labels: Tensor) -> Tensor:
-        return self.table(labels)  # [B, hidden]
+    def forward(self, labels: Tensor, force_drop_ids: Tensor | None = None) -> Tensor:
+        if force_drop_ids is not None:
+            labels = self.drop(labels, force_drop_ids)
+        elif self.training and self.dropout_prob > 0:
+            labels = self.drop(labels, torch.rand(labels.shape, device=labels.device) < self.dropout_prob)
+        return self.embedding_table(labels)  # [B, hidden]
 
 
 def sincos_pos_embed_2d(dim: int, grid_h: int, grid_w: int) -> Tensor:
-    """Fixed 2-D sin-cos position embedding [grid_h·grid_w, dim] (MAE / DiT): half the channels
-    encode the row, half the column, each as sin/cos of the position at geometric frequencies."""
+    """Fixed 2-D sin-cos position embedding [grid_h·grid_w, dim] (MAE; DiT §3.2 "Patchify").
+
+    Tokens in row-major order. Channels [0, dim/2) encode the column x, [dim/2, dim) the row y, each
+    as [sin(p·ω_0..ω_{k-1}), cos(p·ω_0..ω_{k-1})] with ω_i = 10000^(-i/k), k = dim/4. Computed in
+    float64, returned as float32.
+    """
     if dim % 4:
-        raise ValueError(f"sin-cos position embedding needs a width divisible by 4, got {dim}")
-    quarter = dim // 4
-    omega = 1.0 / 10_000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)  # [dim/4]
-    rows, cols = torch.meshgrid(torch.arange(grid_h, dtype=torch.float64),
-                                torch.arange(grid_w, dtype=torch.float64), indexing="ij")
-
-    def encode(pos: Tensor) -> Tensor:  # [N] -> [N, dim/2]
-        angles = pos.reshape(-1, 1) * omega[None]
-        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
-
-    return torch.cat([encode(cols), encode(rows)], dim=1).float()  # [N, dim]
+        raise ValueError(f"2-D sin-cos position embedding needs a width divisible by 4, got {dim}")
+    k = dim // 4
+    omega = 1.0 / 10_000 ** (torch.arange(k, dtype=torch.float64) / k)  # [k]
+    y, x = torch.meshgrid(torch.arange(grid_h, dtype=torch.float64),
+                          torch.arange(grid_w, dtype=torch.float64), indexing="ij")  # [h, w] each
+    pos = torch.stack([x.flatten(), y.flatten()], dim=1)  # [N, 2]: (column, row)
+    angles = pos[:, :, None] * omega  # [N, 2, k]
+    emb = torch.cat([torch.sin(angles), torch.cos(angles)], dim=2)  # [N, 2, 2k]
+    return emb.reshape(grid_h * grid_w, dim).to(torch.float32)  # [N, dim]
 
 
 class PatchEmbed(nn.Module):
-    """Non-overlapping p×p patches -> tokens: [B, C, H, W] -> [B, (H/p)·(W/p), dim]."""
+    """Non-overlapping p×p patches -> tokens (DiT §3.2 "Patchify"): [B, C, H, W] -> [B, (H/p)·(W/p), dim],
+    tokens in row-major order. A stride-p convolution is one linear map per patch."""
 
-    def __init__(self, in_channels: int, dim: int, patch: int) -> None:
+    def __init__(self, in_channels: int, dim: int, patch: int, bias: bool = True) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch, stride=patch)
+        self.patch = patch
+        self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch, stride=patch, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
+        return self.proj(x).flatten(2).transpose(1, 2)  # [B, D, H/p, W/p] -> [B, N, D]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from genforge.diffusion import (GaussianDiffusion, LossType, MeanType, VarType, beta_schedule, create_diffusion,
-                                normal_kl)
+                                discretized_gaussian_log_likelihood, normal_kl)
 
 
 def make(mean=MeanType.EPSILON, var=VarType.FIXED_SMALL, loss=LossType.MSE, T=1000, schedule="linear"):
@@ -17,8 +17,8 @@ def test_q_sample_statistics():
     x0 = torch.tensor([0.7, -0.3]).view(1, 2, 1, 1).expand(20000, 2, 1, 1)
     for step in (10, 500, 990):
         t = torch.full((20000,), step)
-        xt = d.q_sample(x0, t, torch.randn_like(x0, generator=None))
-        ab = d.np["alphas_cumprod"][step]
+        xt = d.q_sample(x0, t, torch.randn(x0.shape, generator=torch.Generator().manual_seed(step)))
+        ab = d.coefs["alphas_cumprod"][step].item()
         torch.testing.assert_close(xt.mean(0).flatten(), math.sqrt(ab) * x0[0].flatten(), atol=0.03, rtol=0)
         torch.testing.assert_close(xt.var(0).flatten(), torch.full((2,), 1 - ab), atol=0.03, rtol=0.05)
 
@@ -46,14 +46,52 @@ def test_posterior_matches_closed_form():
 def test_kl_of_identical_gaussians_is_zero_and_vb_nonnegative():
     m, lv = torch.randn(5), torch.randn(5)
     assert torch.allclose(normal_kl(m, lv, m, lv), torch.zeros(5), atol=1e-6)
-    d = make(var=VarType.LEARNED_RANGE, T=100)
-    model = lambda x, t: torch.tanh(torch.cat([x * 0.3, x], dim=1))
+    torch.manual_seed(0)
+    net = torch.nn.Conv2d(3, 6, 1)  # a random model: mean and variance channels
+
+    def model(x, t):
+        return torch.tanh(net(x))
+
     x0 = torch.rand(16, 3, 4, 4) * 2 - 1
     t = torch.randint(0, 100, (16,))
-    t[0] = 0
+    t[0] = 0  # the decoder NLL term
+    for var in VarType:
+        d = make(var=var, T=100)
+        xt = d.q_sample(x0, t, torch.randn_like(x0))
+        vb = d.vb_terms_bpd(model if var == VarType.LEARNED_RANGE else lambda x, tt: model(x, tt)[:, :3],
+                            x0, xt, t)["output"]
+        assert vb.shape == (16,) and torch.all(vb >= -1e-6), var
+    kl = make(var=VarType.LEARNED_RANGE, loss=LossType.RESCALED_KL, T=100).training_losses(model, x0, t)
+    assert kl["loss"].shape == (16,) and torch.all(kl["loss"] >= -1e-4)
+
+
+def test_oracle_xstart_with_posterior_variance_has_zero_kl():
+    """With Σ = β̃_t and x̂_0 = x_0, p_θ(x_{t−1}|x_t) is exactly q(x_{t−1}|x_t,x_0): L_t = 0 for t > 0."""
+    d = make(mean=MeanType.START_X, var=VarType.FIXED_SMALL, T=100)
+    x0 = torch.rand(6, 2, 3, 3) * 2 - 1
+    t = torch.tensor([1, 2, 10, 50, 90, 99])
     xt = d.q_sample(x0, t, torch.randn_like(x0))
-    vb = d.vb_terms_bpd(model, x0, xt, t)["output"]
-    assert vb.shape == (16,) and torch.all(vb >= -1e-6)
+    assert d.vb_terms_bpd(lambda x, tt: x0, x0, xt, t)["output"].abs().max() < 1e-5
+
+
+def test_learned_range_interpolates_between_the_two_fixed_variances():
+    """IDDPM eq. 15: v = -1 gives β̃_t (clipped), v = +1 gives β_t."""
+    betas = beta_schedule("linear", 100)
+    d = GaussianDiffusion(betas, MeanType.EPSILON, VarType.LEARNED_RANGE, LossType.MSE)
+    small = GaussianDiffusion(betas, MeanType.EPSILON, VarType.FIXED_SMALL, LossType.MSE)
+    x, t = torch.randn(3, 2, 4), torch.tensor([0, 40, 99])
+    for v, expected in ((-1.0, small.p_mean_variance(lambda x, tt: x, x, t)["log_variance"]),
+                        (1.0, torch.tensor(np.log(betas), dtype=torch.float32)[t].view(3, 1, 1).expand_as(x))):
+        out = d.p_mean_variance(lambda x, tt: torch.cat([x, torch.full_like(x, v)], 1), x, t)
+        torch.testing.assert_close(out["log_variance"], expected)
+
+
+def test_discretized_decoder_is_a_distribution_over_256_bins():
+    """The 8-bit decoder (DDPM §3.3): bin probabilities of one Gaussian sum to 1 over all 256 values."""
+    bins = torch.linspace(-1, 1, 256)
+    for mean, log_scale in ((0.3, -3.0), (-0.9, -1.0), (0.0, 0.5)):
+        logp = discretized_gaussian_log_likelihood(bins, torch.full_like(bins, mean), torch.full_like(bins, log_scale))
+        assert logp.exp().sum().item() == pytest.approx(1.0, abs=1e-4)
 
 
 def test_conversions_round_trip():
@@ -94,27 +132,56 @@ def test_hybrid_loss_weights_and_stops_gradient_of_mean():
     torch.testing.assert_close(grad_vb, grad_var)
 
 
-def _oracle_eps(d, x_star):
+def _oracle_eps(x_star, T=1000):
+    """The exact ε-predictor for data that is the single point x_star, at ORIGINAL timesteps."""
+    ab = torch.tensor(np.cumprod(1 - beta_schedule("linear", T)), dtype=torch.float32)
+
     def model(x, t):
-        n = x.ndim
-        ab = torch.tensor(np.cumprod(1 - d_base_betas), dtype=torch.float32)[t].view(-1, *[1] * (n - 1))
-        return (x - ab.sqrt() * x_star) / (1 - ab).sqrt()
-    d_base_betas = beta_schedule("linear", 1000)
+        a = ab[t].view(-1, *[1] * (x.ndim - 1))
+        return (x - a.sqrt() * x_star) / (1 - a).sqrt()
+
     return model
 
 
+X_STAR = torch.tensor([0.5, -0.25, 0.8]).view(1, 3, 1, 1)
+
+
 def test_ddim_with_oracle_recovers_the_data_point():
-    x_star = torch.tensor([0.5, -0.25, 0.8]).view(1, 3, 1, 1)
     d = create_diffusion("ddim50", learn_sigma=False)
-    gen = torch.Generator().manual_seed(0)
-    out = d.ddim_sample_loop(_oracle_eps(d, x_star), (4, 3, 1, 1), generator=gen)
-    torch.testing.assert_close(out, x_star.expand(4, 3, 1, 1), atol=1e-3, rtol=0)
+    out = d.ddim_sample_loop(_oracle_eps(X_STAR), (4, 3, 1, 1), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out, X_STAR.expand(4, 3, 1, 1), atol=1e-3, rtol=0)
 
 
 def test_ddpm_with_oracle_lands_near_the_data_point_and_is_seeded():
-    x_star = torch.tensor([0.5, -0.25, 0.8]).view(1, 3, 1, 1)
     d = create_diffusion("100", learn_sigma=False)
-    run = lambda s: d.p_sample_loop(_oracle_eps(d, x_star), (4, 3, 1, 1), generator=torch.Generator().manual_seed(s))
+    run = lambda s: d.p_sample_loop(_oracle_eps(X_STAR), (4, 3, 1, 1), generator=torch.Generator().manual_seed(s))
     out = run(0)
-    torch.testing.assert_close(out, x_star.expand(4, 3, 1, 1), atol=0.02, rtol=0)
-    assert torch.equal(out, run(0))
+    torch.testing.assert_close(out, X_STAR.expand(4, 3, 1, 1), atol=0.02, rtol=0)
+    assert torch.equal(out, run(0)) and not torch.equal(out, run(1))
+
+
+def test_stochastic_ddim_is_seeded_and_noise_argument_is_the_start():
+    d = create_diffusion("ddim20", learn_sigma=False)
+    model = lambda x, t: 0.1 * x
+    run = lambda s: d.ddim_sample_loop(model, (2, 3, 4), generator=torch.Generator().manual_seed(s), eta=1.0)
+    assert torch.equal(run(3), run(3)) and not torch.equal(run(3), run(4))
+    noise = torch.randn(2, 3, 4)
+    a = d.ddim_sample_loop(model, noise.shape, noise=noise)
+    b = d.ddim_sample_loop(model, noise.shape, noise=noise.clone(), generator=torch.Generator().manual_seed(9))
+    assert torch.equal(a, b)  # eta = 0: deterministic given x_T
+
+
+@pytest.mark.parametrize("shape", [(3, 2), (3, 2, 5), (3, 2, 2, 3, 3)])
+def test_any_number_of_spatial_dims(shape):
+    d = create_diffusion("10", num_timesteps=50, learn_sigma=True)
+    model = lambda x, t: torch.cat([torch.zeros_like(x), torch.tanh(x)], dim=1)
+    terms = d.training_losses(model, torch.rand(shape) * 2 - 1, torch.randint(0, d.num_timesteps, (3,)))
+    assert all(terms[k].shape == (3,) for k in ("loss", "mse", "vb"))
+    assert d.p_sample_loop(model, shape, generator=torch.Generator().manual_seed(0)).shape == shape
+
+
+def test_single_step_process_samples():
+    d = create_diffusion("ddim1", learn_sigma=True)
+    assert d.num_timesteps == 1
+    out = d.p_sample_loop(lambda x, t: torch.cat([torch.zeros_like(x), x], 1), (2, 3, 2, 2))
+    assert torch.isfinite(out).all()

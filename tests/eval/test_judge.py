@@ -1,13 +1,18 @@
+import pytest
 import torch
 
 from genforge.data.shapes import render_batch
-from genforge.eval.judge import ShapesJudge, judge_accuracy, load_judge, save_judge, train_judge
+from genforge.eval import judge as judge_module
+from genforge.eval.judge import ShapesJudge, judge_accuracy, load_judge, load_or_train_judge, save_judge, train_judge
 
 
 def test_quick_judge_beats_chance_and_round_trips(tmp_path):
+    rng_state = torch.random.get_rng_state()
     judge, accuracy = train_judge(steps=60, batch_size=64, train_images=1500, heldout_images=300)
     assert accuracy > 0.25  # chance is 1/16
+    assert torch.equal(torch.random.get_rng_state(), rng_state)  # a training run's RNG stream is untouched
     save_judge(judge, tmp_path / "j.safetensors")
+    assert [p.name for p in tmp_path.iterdir()] == ["j.safetensors"]  # no temporary file left behind
     again = load_judge(tmp_path / "j.safetensors")
     images, _ = render_batch(8, 32, seed=5)
     judge.eval()
@@ -16,10 +21,34 @@ def test_quick_judge_beats_chance_and_round_trips(tmp_path):
 
 def test_any_resolution_and_accuracy_arithmetic():
     judge = ShapesJudge().eval()
-    images, labels = render_batch(6, 64, seed=1)
-    logits = judge(images)
-    assert logits.shape == (6, 16)
-    predicted = logits.argmax(1)
+    for size in (16, 32, 50):
+        images, _ = render_batch(6, size, seed=1)
+        assert judge(images).shape == (6, 16)
+    predicted = judge(images).argmax(1)
     labels = predicted.clone()
     labels[:2] = (labels[:2] + 1) % 16
     assert judge_accuracy(judge, images, labels) == 4 / 6
+    assert judge_accuracy(judge, images, labels, batch_size=4) == 4 / 6
+    with pytest.raises(ValueError):
+        judge_accuracy(judge, images, labels[:3])
+
+
+def test_load_or_train_judge_trains_once_and_caches(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def quick_train():
+        calls.append(1)
+        return ShapesJudge(), 0.5
+
+    monkeypatch.setattr(judge_module, "train_judge", quick_train)
+    judge = load_or_train_judge(tmp_path)
+    path = tmp_path / "judge" / "shapes-judge-v1.safetensors"
+    assert path.is_file() and not judge.training and "training" in capsys.readouterr().err
+    judge_module._LOADED.clear()  # a new process: loads the cached file, trains nothing
+    load_or_train_judge(tmp_path)
+    assert len(calls) == 1
+
+
+def test_cache_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENFORGE_CACHE", str(tmp_path))
+    assert judge_module.judge_cache_path() == tmp_path / "judge" / "shapes-judge-v1.safetensors"

@@ -38,6 +38,7 @@ class DiTTask(Task):
             in_channels=self.channels,
             mlp_ratio=cfg.mlp_ratio,
             num_classes=self.num_classes,
+            class_dropout_prob=0.0,  # the task drops labels itself, from the reproducible batch rng
             learn_sigma=cfg.diffusion.learn_sigma,
             **cfg.dims(),
         )
