@@ -9,6 +9,7 @@ and DDP; launch several processes with `accelerate launch` or `torchrun`.
 from __future__ import annotations
 
 import json
+import os
 import math
 import random
 import sys
@@ -98,6 +99,9 @@ class Trainer:
         self.cfg = cfg
         tc = cfg.train
         ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+            # torchrun on CPU: accelerate only joins a process group it finds (gloo without CUDA)
+            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         self.accelerator = Accelerator(mixed_precision=tc.precision, kwargs_handlers=[ddp])
         acc = self.accelerator
         chosen = [str(resolve_run_dir(Path(run_dir), fresh)) if acc.is_main_process else None]
