@@ -186,16 +186,13 @@ class Trainer:
     # ------------------------------------------------------------------------------------- one step
     def _micro_batches(self, loader_iter, skips: SkipLog) -> list[dict[str, Any]]:
         acc, tc = self.accelerator, self.cfg.train
-        micro = tc.batch_size // (tc.grad_accum * acc.num_processes)
         batches = []
-        for m in range(tc.grad_accum):
+        for _ in range(tc.grad_accum):
             batch = next(loader_iter)
             skips.record(batch.pop("skipped"), self.step)
-            offset = (m * acc.num_processes + acc.process_index) * micro
             for name, value in batch.items():
                 if isinstance(value, Tensor):
                     batch[name] = value.to(acc.device, non_blocking=True)
-            batch["_offset"] = offset
             batches.append(batch)
         return batches
 
@@ -203,14 +200,15 @@ class Trainer:
         """One optimizer step of every phase; False when a phase was skipped as non-finite."""
         acc, tc = self.accelerator, self.cfg.train
         all_finite = True
+        micro = tc.batch_size // (tc.grad_accum * acc.num_processes)
         for phase_index, phase in enumerate(self.task.phases):
             opt = self.optimizers[phase]
             self.model.zero_grad(set_to_none=True)
             total = torch.zeros((), device=acc.device)
             for m, batch in enumerate(batches):
                 size = next(len(v) for v in batch.values() if isinstance(v, (Tensor, list)))
-                batch["rng"] = BatchRandom(tc.seed, self.step, phase_index, tc.batch_size,
-                                           batch["_offset"], size, acc.device)
+                offset = (m * acc.num_processes + acc.process_index) * micro  # rows of the global batch
+                batch["rng"] = BatchRandom(tc.seed, self.step, phase_index, tc.batch_size, offset, size, acc.device)
                 last = m == len(batches) - 1
                 with acc.no_sync(self.model) if not last else nullcontext(), acc.autocast():
                     loss, extra = self.model(batch, phase, self.step)
