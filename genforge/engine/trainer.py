@@ -99,11 +99,13 @@ class Trainer:
         self.cfg = cfg
         tc = cfg.train
         ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
-            # torchrun on CPU: accelerate only joins a process group it finds (gloo without CUDA)
-            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        self.accelerator = Accelerator(mixed_precision=tc.precision, kwargs_handlers=[ddp])
+        # torchrun/accelerate launch without CUDA: accelerate joins the (gloo) process group only when told cpu=True
+        multi_cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+        self.accelerator = Accelerator(mixed_precision=tc.precision, cpu=multi_cpu, kwargs_handlers=[ddp])
         acc = self.accelerator
+        if acc.num_processes != int(os.environ.get("WORLD_SIZE", "1")):
+            raise RuntimeError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']} but accelerate joined "
+                               f"{acc.num_processes} process(es); check the launcher's backend settings")
         chosen = [str(resolve_run_dir(Path(run_dir), fresh)) if acc.is_main_process else None]
         broadcast_object_list(chosen)
         self.run_dir = Path(chosen[0])

@@ -73,9 +73,6 @@ def test_fresh_starts_a_new_run_directory(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="known open defect: under torchrun on CPU, rank 1 writes its RNG state after rank 0 "
-                          "committed the checkpoint folder (barrier not effective); see the closing note",
-                   strict=False)
 def test_two_processes_match_one(tmp_path):
     """torchrun with 2 CPU processes (gloo): ranks agree, and equal 1 process with the same global batch."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
