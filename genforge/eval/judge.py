@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from genforge.data.shapes import NUM_CLASSES, render_batch
+from genforge.data.shapes import COLORS, NUM_CLASSES, render_batch
 
 JUDGE_SIZE = 32
 JUDGE_VERSION = "v1"
@@ -43,18 +43,33 @@ class ShapesJudge(nn.Module):
 
 
 @torch.no_grad()
-def judge_accuracy(judge: ShapesJudge, images: Tensor, labels: Tensor, batch_size: int = 256) -> float:
-    """Share of `images` [N, 3, H, W] in [-1, 1] whose predicted class equals `labels` [N] (puts `judge` in eval
-    mode)."""
-    if len(images) != len(labels) or not len(images):
-        raise ValueError(f"judge_accuracy needs as many labels as images (> 0), got {len(images)} and {len(labels)}")
+def judge_predictions(judge: ShapesJudge, images: Tensor, batch_size: int = 256) -> Tensor:
+    """The judge's class [N] for `images` [N, 3, H, W] in [-1, 1] (puts `judge` in eval mode)."""
     judge.eval()
     device = next(judge.parameters()).device
-    correct = 0
-    for start in range(0, len(images), batch_size):
-        logits = judge(images[start : start + batch_size].to(device).float())
-        correct += (logits.argmax(1).cpu() == labels[start : start + batch_size].cpu()).sum().item()
-    return correct / len(images)
+    preds = [judge(images[start : start + batch_size].to(device).float()).argmax(1).cpu()
+             for start in range(0, len(images), batch_size)]
+    return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
+
+
+def judge_accuracy(judge: ShapesJudge, images: Tensor, labels: Tensor, batch_size: int = 256) -> float:
+    """Share of `images` [N, 3, H, W] in [-1, 1] whose predicted class equals `labels` [N]."""
+    if len(images) != len(labels) or not len(images):
+        raise ValueError(f"judge_accuracy needs as many labels as images (> 0), got {len(images)} and {len(labels)}")
+    return (judge_predictions(judge, images, batch_size) == labels.cpu()).sum().item() / len(labels)
+
+
+def judge_report(judge: ShapesJudge, images: Tensor, labels: Tensor) -> dict[str, float]:
+    """Class accuracy, and separately how often the kind and the colour of the primary shape are right."""
+    if len(images) != len(labels) or not len(images):
+        raise ValueError(f"judge_report needs as many labels as images (> 0), got {len(images)} and {len(labels)}")
+    preds, labels = judge_predictions(judge, images), labels.cpu()
+    n_colours, n = len(COLORS), len(labels)
+    return {
+        "judge_accuracy": (preds == labels).sum().item() / n,
+        "judge_kind_accuracy": (preds // n_colours == labels // n_colours).sum().item() / n,
+        "judge_colour_accuracy": (preds % n_colours == labels % n_colours).sum().item() / n,
+    }
 
 
 def train_judge(image_size: int = JUDGE_SIZE, steps: int = 500, batch_size: int = 128, seed: int = 0,

@@ -27,13 +27,13 @@ def generate(task: Task, n: int, seed: int, device: torch.device | str, batch_si
     return torch.cat(images), cond_all
 
 
-def judge_score(cfg: RunConfig, images: Tensor, labels: Tensor) -> float:
-    """Share of samples the shapes judge assigns to the requested class."""
-    from genforge.eval.judge import judge_accuracy, load_or_train_judge
+def judge_score(cfg: RunConfig, images: Tensor, labels: Tensor) -> dict[str, float]:
+    """Share of samples the shapes judge assigns to the requested class (and to its kind and colour)."""
+    from genforge.eval.judge import judge_report, load_or_train_judge
 
     if cfg.data.source != "shapes":
         raise ValueError("metric 'judge' needs a model trained on data.source=shapes")
-    return judge_accuracy(load_or_train_judge(), images, labels.cpu())
+    return judge_report(load_or_train_judge(), images, labels.cpu())
 
 
 def evaluate_task(task: Task, cfg: RunConfig, metrics: list[str], n: int, seed: int,
@@ -47,5 +47,5 @@ def evaluate_task(task: Task, cfg: RunConfig, metrics: list[str], n: int, seed: 
     if "judge" in metrics:
         if "label" not in cond:
             raise ValueError("metric 'judge' needs a class-conditional model")
-        results["judge_accuracy"] = judge_score(cfg, images, cond["label"])
+        results.update(judge_score(cfg, images, cond["label"]))
     return results

@@ -3,7 +3,7 @@ import torch
 
 from genforge.data.shapes import render_batch
 from genforge.eval import judge as judge_module
-from genforge.eval.judge import ShapesJudge, judge_accuracy, load_judge, load_or_train_judge, save_judge, train_judge
+from genforge.eval.judge import ShapesJudge, judge_accuracy, judge_report, load_judge, load_or_train_judge, save_judge, train_judge
 
 
 def test_quick_judge_beats_chance_and_round_trips(tmp_path):
@@ -52,3 +52,14 @@ def test_load_or_train_judge_trains_once_and_caches(tmp_path, monkeypatch, capsy
 def test_cache_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("GENFORGE_CACHE", str(tmp_path))
     assert judge_module.judge_cache_path() == tmp_path / "judge" / "shapes-judge-v1.safetensors"
+
+
+def test_judge_report_splits_kind_and_colour():
+    class Fixed(ShapesJudge):
+        def forward(self, images):  # predicts label 5 (green square) for every image
+            return torch.nn.functional.one_hot(torch.full((len(images),), 5), 16).float()
+
+    images = torch.zeros(4, 3, 32, 32)
+    # 5 = (square, green): exact; 4 = (square, red): kind only; 1 = (circle, green): colour only; 0: neither
+    report = judge_report(Fixed(), images, torch.tensor([5, 4, 1, 0]))
+    assert report == {"judge_accuracy": 0.25, "judge_kind_accuracy": 0.5, "judge_colour_accuracy": 0.5}
