@@ -259,7 +259,7 @@ class Trainer:
             return {}
         self.task.eval()
         with self.ema.swapped_in():
-            results = evaluate_task(self.task, self.cfg.eval.metrics, self.cfg.eval.n,
+            results = evaluate_task(self.task, self.cfg, self.cfg.eval.metrics, self.cfg.eval.n,
                                     seed=self.cfg.train.seed, device=self.accelerator.device)
         self.task.train()
         out = self.run_dir / "eval" / f"{self.step}.json"

@@ -87,3 +87,15 @@ def test_two_processes_match_one(tmp_path):
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
     for k in one:
         torch.testing.assert_close(one[k], r0[k], rtol=1e-4, atol=1e-5)
+
+
+def test_evaluation_during_training(tmp_path, monkeypatch):
+    from genforge.eval import judge as judge_module
+
+    quick, _ = judge_module.train_judge(image_size=16, steps=5, batch_size=16)
+    monkeypatch.setattr(judge_module, "load_or_train_judge", lambda *a, **k: quick)
+    _train(tmp_path, ["eval.every=3", "eval.n=4", "train.steps=3"])
+    result = json.loads((tmp_path / "eval" / "3.json").read_text())
+    assert result["step"] == 3 and result["n"] == 4 and 0.0 <= result["judge_accuracy"] <= 1.0
+    logged = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "eval/judge_accuracy" in r]
+    assert [r["step"] for r in logged] == [3]
