@@ -49,6 +49,8 @@ def train(
         typer.echo("# parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
         typer.echo(f"# run directory: {target}")
         return
+    from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
+    from genforge.engine.preemption import Preempted
     from genforge.engine.trainer import Trainer, TrainingError
 
     try:
@@ -57,7 +59,11 @@ def train(
         _fail(str(err))
     try:
         out = trainer.fit()
-    except TrainingError as err:
+    except CheckpointReadError as err:
+        _fail(str(err))
+    except Preempted as stop:
+        _fail(str(stop), code=stop.exit_code)
+    except (TrainingError, CheckpointError) as err:
         _fail(str(err), code=1)
     if trainer.accelerator.is_main_process:
         samples = sorted((out / "samples").glob("*.png"))
@@ -68,12 +74,13 @@ def train(
 
 def _open_run(run_dir: Path):
     from genforge.config import ConfigError
+    from genforge.engine.checkpoint import CheckpointReadError
     from genforge.engine.runs import load_run
 
     device = "cuda" if _cuda() else "cpu"
     try:
         return load_run(run_dir, device=device), device
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, ValueError, CheckpointReadError) as err:
         _fail(str(err))
 
 

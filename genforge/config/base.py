@@ -38,6 +38,9 @@ class DataConfig(StrictModel):
     flip: bool = Field(True, description="random horizontal flip")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="held-out share, split by a hash of the path")
     num_workers: int = Field(2, ge=0, le=64, description="decoding worker processes per rank")
+    max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0,
+                                    description="stop when more than this share of samples read was unreadable")
+    max_image_pixels: int = Field(89_478_485, gt=0, description="larger images are refused as decompression bombs")
     shapes: ShapesConfig = ShapesConfig()
 
     @model_validator(mode="after")
@@ -70,7 +73,15 @@ class TrainConfig(StrictModel):
     num_samples: int = Field(16, gt=0, le=256, description="images in each preview grid")
     checkpoint_every: int = Field(500, ge=0, description="0: only at the end")
     keep_last: int = Field(2, ge=2, description="checkpoints kept (at least 2)")
+    keep_best: str | None = Field(None, description="also keep the checkpoint with the best value of this eval "
+                                                    "result (e.g. judge_accuracy); needs eval.every")
+    keep_best_mode: Literal["max", "min"] = "max"
     max_nonfinite_skips: int = Field(10, ge=1, description="consecutive non-finite steps before the run stops")
+    on_nonfinite: Literal["stop", "rollback"] = Field(
+        "stop", description="after max_nonfinite_skips: stop, or reload the last checkpoint and skip the data "
+                            "that led to the failure")
+    max_rollbacks: int = Field(3, ge=0, description="rollbacks allowed before the run stops")
+    dist_timeout_s: int = Field(600, ge=10, description="collective timeout: a dead or hung rank ends the run")
 
     @model_validator(mode="after")
     def _batch_divisible(self) -> "TrainConfig":
@@ -82,6 +93,10 @@ class TrainConfig(StrictModel):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"train.betas[{i}]={beta} must be in [0, 1)")
         return self
+
+
+# what each metric of `genforge eval` reports
+METRIC_RESULTS = {"judge": ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy")}
 
 
 class EvalConfig(StrictModel):

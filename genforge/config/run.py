@@ -6,7 +6,7 @@ from typing import Annotated, Union
 
 from pydantic import Field, model_validator
 
-from genforge.config.base import DataConfig, EvalConfig, LogConfig, StrictModel, TrainConfig
+from genforge.config.base import METRIC_RESULTS, DataConfig, EvalConfig, LogConfig, StrictModel, TrainConfig
 from genforge.families import FAMILY_CONFIGS
 
 ModelConfig = Annotated[Union[FAMILY_CONFIGS], Field(discriminator="family")]  # type: ignore[valid-type]
@@ -25,5 +25,12 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        if self.train.keep_best is not None:
+            if not self.eval.every:
+                raise ValueError("train.keep_best needs evaluation during training: set eval.every > 0")
+            known = {name for metric in self.eval.metrics for name in METRIC_RESULTS[metric]}
+            if self.train.keep_best not in known:
+                raise ValueError(f"train.keep_best={self.train.keep_best!r} is not an evaluation result of "
+                                 f"eval.metrics={self.eval.metrics}; allowed: {', '.join(sorted(known))}")
         self.model.check_run(self)
         return self

@@ -40,12 +40,13 @@ class ImageFolderDataset(Dataset):
     """
 
     def __init__(self, root: str | Path, image_size: int, split: str = "train", val_fraction: float = 0.0,
-                 flip: bool = False, seed: int = 0) -> None:
+                 flip: bool = False, seed: int = 0, max_image_pixels: int | None = None) -> None:
         if split not in ("train", "val", "all"):
             raise ValueError(f"split={split!r}; allowed: train, val, all")
         if not 0.0 <= val_fraction <= 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be in [0, 1]")
         self.root, self.image_size, self.flip = Path(root), image_size, flip
+        self.max_image_pixels = max_image_pixels
         searched = ", ".join(EXTENSIONS)
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder {self.root} does not exist (looking for {searched} files)")
@@ -77,7 +78,7 @@ class ImageFolderDataset(Dataset):
         rel = self.files[index]
         path = self.root / rel
         try:
-            image = np.asarray(center_crop_resize(load_rgb(path), self.image_size))
+            image = np.asarray(center_crop_resize(load_rgb(path, self.max_image_pixels), self.image_size))
             caption_path = path.with_suffix(".txt")
             caption = caption_path.read_text(encoding="utf-8").strip() if caption_path.is_file() else None
         except Exception as err:  # any decoder or caption error: skip and report, never kill the worker

@@ -26,10 +26,18 @@ def _to_8bit(img: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.round(arr), 0, 255).astype(np.uint8))
 
 
-def load_rgb(path: str | Path) -> Image.Image:
+class DecompressionBomb(ValueError):
+    """An image whose header claims more pixels than allowed (decoding it would exhaust memory)."""
+
+
+def load_rgb(path: str | Path, max_pixels: int | None = None) -> Image.Image:
     """Decode `path` fully (decode errors surface here) and return an RGB image: EXIF orientation applied,
-    alpha composited over white, palette/CMYK/YCbCr/HSV/1-bit/16-bit/float modes converted."""
+    alpha composited over white, palette/CMYK/YCbCr/HSV/1-bit/16-bit/float modes converted. Images of more
+    than `max_pixels` pixels are refused from their header, before decoding."""
     with Image.open(path) as opened:
+        if max_pixels is not None and opened.width * opened.height > max_pixels:
+            raise DecompressionBomb(f"{opened.width}x{opened.height} pixels is more than data.max_image_pixels="
+                                    f"{max_pixels}")
         opened.load()
         img = ImageOps.exif_transpose(opened)
     if img.mode in WIDE_GRAY_MODES:

@@ -45,9 +45,8 @@ def build_dataset(cfg: DataConfig, split: str = "train", flip: bool | None = Non
 
         if cfg.path is None or not Path(cfg.path).is_dir():
             raise FileNotFoundError(f"data.path: folder {cfg.path!r} does not exist")
-        return ImageFolderDataset(
-            cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip, seed=0
-        )
+        return ImageFolderDataset(cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip,
+                                  seed=0, max_image_pixels=cfg.max_image_pixels)
     raise ValueError(f"data.source={cfg.source!r} is not supported")
 
 
@@ -103,14 +102,37 @@ class StepBatchSampler(Sampler[list[tuple[int, int]]]):
         return self.batches_per_epoch * self.grad_accum
 
 
+class ReplaceUnreadable(Dataset):
+    """Serves a readable sample for every index: an item that comes back as {"key", "bad"} is replaced by the
+    next readable one (index + 1, + 2, ..., the same in every run, so a resume replays it exactly), and the
+    unreadable ones ride along in the sample's `skipped` list as (key, reason). Batches keep their size."""
+
+    def __init__(self, dataset: Dataset, max_tries: int = 64) -> None:
+        self.dataset, self.max_tries = dataset, max_tries
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> dict[str, Any]:
+        index, aug_seed = item if isinstance(item, tuple) else (item, None)
+        skipped: list[tuple[str, str]] = []
+        for k in range(self.max_tries):
+            sample = self.dataset[((index + k) % len(self.dataset), aug_seed)]
+            if "bad" not in sample:
+                sample["skipped"] = skipped
+                return sample
+            skipped.append((sample["key"], sample["bad"]))
+        raise RuntimeError(f"{self.max_tries} unreadable samples in a row, from {skipped[0][0]!r} "
+                           f"({skipped[0][1]}) on; is this an image folder?")
+
+
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack sample dicts into a Batch; unreadable samples go to `batch["skipped"]` (key, reason)."""
-    good = [s for s in samples if "bad" not in s]
-    batch: dict[str, Any] = {"skipped": [(s["key"], s["bad"]) for s in samples if "bad" in s]}
-    if not good:
-        return batch
-    for field in good[0]:
-        values = [s[field] for s in good]
+    """Stack sample dicts into a Batch; the unreadable samples they replaced go to `batch["skipped"]`."""
+    batch: dict[str, Any] = {"skipped": [s for sample in samples for s in sample.get("skipped", ())]}
+    for field in samples[0]:
+        if field == "skipped":
+            continue
+        values = [s[field] for s in samples]
         if isinstance(values[0], torch.Tensor):
             batch[field] = torch.stack(values)
         elif isinstance(values[0], (int, np.integer)):
@@ -121,9 +143,10 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_loader(dataset: Dataset, sampler: StepBatchSampler, num_workers: int, pin_memory: bool) -> DataLoader:
-    """A DataLoader that decodes in `num_workers` worker processes."""
+    """A DataLoader that decodes in `num_workers` worker processes; unreadable samples are replaced and
+    reported (see ReplaceUnreadable)."""
     return DataLoader(
-        dataset,
+        ReplaceUnreadable(dataset),
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=collate,
@@ -134,16 +157,23 @@ def build_loader(dataset: Dataset, sampler: StepBatchSampler, num_workers: int, 
 
 
 class SkipLog:
-    """Appends every skipped sample to `skipped.jsonl` (path and reason), once per sample key."""
+    """Lists every unreadable sample once in `skipped.jsonl` (key, reason, step) and counts reads, so the
+    trainer can stop when the share of unreadable samples passes `data.max_bad_fraction`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.count = 0
+        self.reads = 0  # samples read, unreadable ones included
+        self.bad = 0  # unreadable reads (a bad file read in two epochs counts twice)
+        self.listed: set[str] = set()
+        if path.is_file():  # resumed run: keep listing each file once
+            self.listed = {json.loads(line)["key"] for line in path.read_text().splitlines() if line.strip()}
 
-    def record(self, skipped: list[tuple[str, str]], step: int) -> None:
-        if not skipped:
+    def record(self, batch_size: int, skipped: list[tuple[str, str]], step: int) -> None:
+        self.reads += batch_size + len(skipped)
+        self.bad += len(skipped)
+        new = [(key, reason) for key, reason in dict(skipped).items() if key not in self.listed]
+        if not new:
             return
-        self.count += len(skipped)
+        self.listed.update(key for key, _ in new)
         with open(self.path, "a") as f:
-            for key, reason in skipped:
-                f.write(json.dumps({"key": key, "reason": reason, "step": step}) + "\n")
+            f.write("".join(json.dumps({"key": key, "reason": reason, "step": step}) + "\n" for key, reason in new))

@@ -7,6 +7,10 @@ checkpoints/step-000500/
     rng/rank-<r>.*           python / numpy / torch RNG states of each rank
     trainer_state.json       step, family state, ...
 checkpoints/latest           name of the newest complete checkpoint, written last
+checkpoints/best             {"name", "value"} of the best checkpoint by train.keep_best (optional)
+
+A checkpoint is written into `.tmp-step-...`, fsynced, renamed into place, and only then named by
+`latest`; a kill at any moment leaves the previous `latest` loadable, and start-up removes the debris.
 """
 
 from __future__ import annotations
@@ -19,11 +23,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message names the path and the cause."""
+
+
+class CheckpointReadError(CheckpointError):
+    """A checkpoint that cannot be loaded: missing, torn, or not safetensors/JSON (e.g. a pickle)."""
+
+
+WRITE_ERRORS = (OSError, SafetensorError)  # safetensors reports disk-full / too-large as SafetensorError
 
 
 def step_dir_name(step: int) -> str:
@@ -68,10 +84,23 @@ def save_state(stem: Path, state: Any) -> None:
     stem.with_suffix(".json").write_text(json.dumps(skeleton))
 
 
+def load_tensors(path: Path, device: str = "cpu") -> dict[str, Tensor]:
+    """A safetensors file; anything else (a pickle, a torn file) is a CheckpointError, never executed."""
+    try:
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointReadError(f"{path} is not a readable safetensors file ({err}); genforge never unpickles "
+                              "checkpoints") from err
+
+
 def load_state(stem: Path) -> Any:
     """Inverse of save_state: JSON + safetensors only."""
-    tensors = load_file(str(stem.with_suffix(".safetensors")))
-    return _unflatten(json.loads(stem.with_suffix(".json").read_text()), tensors)
+    return _unflatten(read_json(stem.with_suffix(".json")), load_tensors(stem.with_suffix(".safetensors")))
+
+
+def nonfinite_tensors(tensors: dict[str, Tensor]) -> list[str]:
+    """Names of floating-point tensors holding NaN or Inf."""
+    return [k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
 
 def save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
@@ -85,19 +114,35 @@ def _fsync_tree(root: Path) -> None:
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
     for path in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class CheckpointDir:
-    """The `checkpoints/` folder of a run: atomic commits, `latest`, retention."""
+    """The `checkpoints/` folder of a run: atomic commits, `latest`, retention of the last K (+ the best)."""
 
-    def __init__(self, root: Path, keep_last: int = 2) -> None:
+    def __init__(self, root: Path, keep_last: int = 2, best_mode: str = "max") -> None:
+        if keep_last < 2:
+            raise ValueError(f"train.keep_last={keep_last} must be at least 2")
         self.root = Path(root)
         self.keep_last = keep_last
+        self.best_mode = best_mode
 
     def staging(self, step: int) -> Path:
         """An empty temporary folder to write a checkpoint of `step` into."""
@@ -107,25 +152,51 @@ class CheckpointDir:
         tmp.mkdir(parents=True)
         return tmp
 
-    def commit(self, tmp: Path, step: int) -> Path:
-        """fsync, rename into place, write `latest` (atomically), then apply retention."""
-        _fsync_tree(tmp)
+    def commit(self, tmp: Path, step: int, score: float | None = None) -> Path:
+        """fsync, rename into place, write `latest` (atomically), update `best`, then apply retention.
+        On a write error nothing of this checkpoint is left and `latest` still names the previous one."""
         final = self.root / step_dir_name(step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        marker = self.root / f"{TMP_PREFIX}latest"
-        marker.write_text(final.name + "\n")
-        with open(marker, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(marker, self.root / "latest")
-        fd = os.open(self.root, os.O_RDONLY)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            _fsync_tree(tmp)
+            if final.exists():
+                self._remove(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            _write_atomically(self.root / "latest", final.name + "\n")
+            _fsync_dir(self.root)
+        except WRITE_ERRORS:
+            self.discard(tmp)
+            latest = self._read_latest_name()
+            if final.exists() and latest != final.name:
+                self._remove(final)
+            (self.root / f"{TMP_PREFIX}latest").unlink(missing_ok=True)
+            raise
+        if score is not None and self._better(score):
+            _write_atomically(self.root / "best", json.dumps({"name": final.name, "value": score}) + "\n")
         self.prune()
         return final
+
+    def discard(self, tmp: Path) -> None:
+        """Remove a staging folder after a failed write."""
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def _better(self, score: float) -> bool:
+        best = self.best()
+        if best is None:
+            return True
+        return score > best[1] if self.best_mode == "max" else score < best[1]
+
+    def best(self) -> tuple[Path, float] | None:
+        """The best checkpoint by train.keep_best and its value, if any is recorded and still present."""
+        marker = self.root / "best"
+        if not marker.is_file():
+            return None
+        try:
+            record = json.loads(marker.read_text())
+            path = self.root / str(record["name"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointReadError(f"{marker} is not a best-checkpoint record ({err})") from err
+        return (path, float(record["value"])) if path.is_dir() else None
 
     def complete(self) -> list[Path]:
         """Committed checkpoint folders, oldest first."""
@@ -134,14 +205,18 @@ class CheckpointDir:
         found = [p for p in self.root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
         return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
+    def _read_latest_name(self) -> str | None:
+        marker = self.root / "latest"
+        return marker.read_text().strip() if marker.is_file() else None
+
     def latest(self) -> Path | None:
         """The folder `latest` names, or None when there is no checkpoint yet."""
-        marker = self.root / "latest"
-        if not marker.is_file():
+        name = self._read_latest_name()
+        if name is None:
             return None
-        path = self.root / marker.read_text().strip()
+        path = self.root / name
         if not STEP_DIR.match(path.name) or not (path / "trainer_state.json").is_file():
-            raise RuntimeError(f"{marker} names {path.name!r}, which is not a complete checkpoint")
+            raise CheckpointReadError(f"{self.root / 'latest'} names {name!r}, which is not a complete checkpoint")
         return path
 
     def clean_incomplete(self) -> list[Path]:
@@ -153,9 +228,26 @@ class CheckpointDir:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
         return stale
 
+    def _remove(self, path: Path) -> None:
+        """Rename out of the listing first, so a kill mid-delete leaves only debris that start-up cleans."""
+        doomed = path.with_name(f"{TMP_PREFIX}old-{path.name}")
+        os.replace(path, doomed)
+        shutil.rmtree(doomed)
+
     def prune(self) -> None:
-        """Keep the newest `keep_last` committed checkpoints (never the one `latest` names)."""
-        latest = self.latest()
+        """Keep the newest `keep_last` committed checkpoints, plus the best; never the one `latest` names."""
+        keep = {self.latest()}
+        best = self.best()
+        if best is not None:
+            keep.add(best[0])
         for old in self.complete()[: -self.keep_last]:
-            if old != latest:
-                shutil.rmtree(old)
+            if old not in keep:
+                self._remove(old)
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of a checkpoint; anything unreadable is a CheckpointReadError."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointReadError(f"{path} is not readable JSON ({err})") from err

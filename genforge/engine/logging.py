@@ -43,15 +43,19 @@ def save_grid(images: Tensor, path: Path, nrow: int | None = None) -> Path:
 class RunLogger:
     """Writes one JSON object per logged step; mirrors scalars and images to TensorBoard / wandb."""
 
-    def __init__(self, run_dir: Path, cfg: LogConfig, config_dict: dict[str, Any] | None = None) -> None:
+    def __init__(self, run_dir: Path, cfg: LogConfig, config_dict: dict[str, Any] | None = None,
+                 resume_step: int = 0) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.tb = None
         self.wandb = None
+        if resume_step:
+            self._truncate_after(resume_step)
         if cfg.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tb"))
+                # purge_step: TensorBoard drops what an interrupted run logged past the checkpoint
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step or None)
             except ImportError:
                 print("genforge: tensorboard not installed (pip install 'genforge[log]'); logging to "
                       "metrics.jsonl only", file=sys.stderr)
@@ -60,6 +64,23 @@ class RunLogger:
 
             self.wandb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=config_dict,
                                     name=run_dir.name, resume="allow")
+
+    def _truncate_after(self, step: int) -> None:
+        """Drop records past `step` (logged by an interrupted run after its last checkpoint): a resumed run
+        logs them again, so the file holds each step once. Torn last lines (kill -9) go too."""
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("step", 0) <= step:
+                kept.append(line + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(self.path)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         record = {"step": step, "time": round(time.time(), 3), **values}

@@ -9,6 +9,9 @@ needs no RNG state at all.
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -52,3 +55,27 @@ class BatchRandom:
         """Integers uniform in [0, high), shape [size, *shape]."""
         gen = self._generator()
         return self._rows(torch.randint(high, (self.global_size, *shape), generator=gen, device=self.device))
+
+
+def global_rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU, CUDA) global RNG states, for a checkpoint (a family may draw from them)."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_global_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `global_rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

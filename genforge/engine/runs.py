@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from genforge.config import ConfigError, RunConfig, load_config
 from genforge.data.loader import DataInfo, build_dataset, data_info
-from genforge.engine.checkpoint import CheckpointDir
+from genforge.engine.checkpoint import CheckpointDir, load_tensors, read_json
 from genforge.engine.task import Task
 
 
@@ -47,13 +45,13 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
     ckpt = CheckpointDir(run_dir / "checkpoints").latest()
     if ckpt is None:
         raise ConfigError(f"{run_dir} has no checkpoint yet (checkpoints/latest is missing)")
-    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state = read_json(ckpt / "trainer_state.json")
     info = DataInfo(**state["data_info"])
     with torch.device(device):
         task = cfg.model.build_task(cfg, info)
-    task.load_state_dict(load_file(str(ckpt / "model.safetensors"), device=str(device)))
+    task.load_state_dict(load_tensors(ckpt / "model.safetensors", str(device)))
     if ema:
-        shadow = load_file(str(ckpt / "ema.safetensors"), device=str(device))
+        shadow = load_tensors(ckpt / "ema.safetensors", str(device))
         missing, unexpected = task.ema_module().load_state_dict(shadow, strict=False)
         if unexpected or len(shadow) == 0:
             raise ConfigError(f"{ckpt / 'ema.safetensors'} does not match this model ({unexpected[:3]})")

@@ -10,35 +10,41 @@ from __future__ import annotations
 
 import json
 import os
-import math
 import random
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_list
-from safetensors.torch import load_file
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, broadcast_object_list
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from genforge.config import RunConfig, to_yaml
 from genforge.data.loader import SkipLog, StepBatchSampler, build_dataset, build_loader, data_info
-from genforge.engine.checkpoint import CheckpointDir, load_state, save_state, save_tensors, step_dir_name
+from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, load_state, load_tensors,
+                                        nonfinite_tensors, read_json, save_state, save_tensors, step_dir_name)
 from genforge.engine.ema import EMA
 from genforge.engine.logging import RunLogger, save_grid
 from genforge.engine.optim import build_optimizer, build_scheduler
-from genforge.engine.random import BatchRandom
+from genforge.engine.preemption import Preempted, StopRequests
+from genforge.engine.random import BatchRandom, global_rng_state, set_global_rng_state
 from genforge.engine.task import Task
+
+# What a checkpoint restores, by name (`load_checkpoint(skip=...)` lets tests prove each one matters).
+STATE_PIECES = ("model", "ema", "optimizer", "scheduler", "grad_scaler", "rng", "step", "data_position",
+                "family")
+MIN_READS_FOR_BAD_FRACTION = 100  # do not judge data.max_bad_fraction on a handful of samples
 
 
 class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. too many non-finite steps); the message says why."""
+    """The run cannot go on (too many non-finite steps, too much bad data, a dead peer); the message says why."""
 
 
 def resolve_run_dir(base: Path, fresh: bool) -> Path:
@@ -49,28 +55,6 @@ def resolve_run_dir(base: Path, fresh: bool) -> Path:
     while (base.parent / f"{base.name}-{n}").exists():
         n += 1
     return base.parent / f"{base.name}-{n}"
-
-
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [np_state[0], np_state[1].tolist(), *[v for v in np_state[2:]]],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, *rest = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 @dataclass
@@ -99,9 +83,10 @@ class Trainer:
         self.cfg = cfg
         tc = cfg.train
         ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
+        timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=tc.dist_timeout_s))
         # torchrun/accelerate launch without CUDA: accelerate joins the (gloo) process group only when told cpu=True
         multi_cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
-        self.accelerator = Accelerator(mixed_precision=tc.precision, cpu=multi_cpu, kwargs_handlers=[ddp])
+        self.accelerator = Accelerator(mixed_precision=tc.precision, cpu=multi_cpu, kwargs_handlers=[ddp, timeout])
         acc = self.accelerator
         if acc.num_processes != int(os.environ.get("WORLD_SIZE", "1")):
             raise RuntimeError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']} but accelerate joined "
@@ -109,7 +94,7 @@ class Trainer:
         chosen = [str(resolve_run_dir(Path(run_dir), fresh)) if acc.is_main_process else None]
         broadcast_object_list(chosen)
         self.run_dir = Path(chosen[0])
-        self.checkpoints = CheckpointDir(self.run_dir / "checkpoints", keep_last=tc.keep_last)
+        self.checkpoints = CheckpointDir(self.run_dir / "checkpoints", tc.keep_last, tc.keep_best_mode)
         if acc.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -131,72 +116,144 @@ class Trainer:
         self.optimizers = dict(zip(self.task.phases, prepared_optimizers))
         self.ema = EMA(self.task.ema_module(), tc.ema_decay, tc.ema_warmup, tc.ema_start)
         self.step = 0
+        self.data_position = 0  # global batches consumed; ahead of `step` after a rollback skipped data
+        self.rollbacks = 0
         self.nonfinite_in_a_row = 0
+        self.last_eval: dict[str, Any] = {}
+        self.skips = SkipLog(self.run_dir / "skipped.jsonl")
+
+    # ------------------------------------------------------------------------------------ collectives
+    def _any_rank(self, flag: bool | int) -> int:
+        """Max of an integer flag over ranks: every rank takes the same decision."""
+        if self.accelerator.num_processes == 1:
+            return int(flag)
+        value = torch.tensor([int(flag)], device=self.accelerator.device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return int(value.item())
 
     # ----------------------------------------------------------------------------------------- state
+    def _state_tensors(self) -> dict[str, dict[str, Tensor]]:
+        return {"model": self.task.state_dict(), "ema": self.ema.state_dict()}
+
     def save_checkpoint(self) -> Path:
-        """Every rank writes its RNG state; the main process writes the rest; committed atomically."""
+        """Every rank writes its RNG state, the main process the rest; committed atomically. A write error
+        removes this checkpoint's files, keeps the previous `latest`, and raises CheckpointError."""
         acc = self.accelerator
-        tmp = self.checkpoints.staging(self.step) if acc.is_main_process else None
-        tmp = Path(broadcast_object_list([str(tmp) if tmp else None])[0])
+        error: BaseException | None = None
+        tmp: Path | None = None
         if acc.is_main_process:
-            save_tensors(tmp / "model.safetensors", self.task.state_dict())
-            save_tensors(tmp / "ema.safetensors", self.ema.state_dict())
-            for phase, opt in self.optimizers.items():
-                save_state(tmp / "optim" / phase, {"optimizer": opt.state_dict(),
-                                                    "scheduler": self.schedulers[phase].state_dict()})
-            if acc.scaler is not None:
-                save_state(tmp / "optim" / "grad_scaler", acc.scaler.state_dict())
-            state = {
-                "step": self.step,
-                "world_size": acc.num_processes,
-                "global_batch": self.cfg.train.batch_size,
-                "num_samples": len(self.dataset),
-                "family_state": self.task.state_for_checkpoint(),
-                "data_info": asdict(self.data_info),
-            }
-            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
-        acc.wait_for_everyone()
-        save_state(tmp / "rng" / f"rank-{acc.process_index}", _rng_state())
-        acc.wait_for_everyone()
-        final = self.checkpoints.commit(tmp, self.step) if acc.is_main_process else None
-        acc.wait_for_everyone()
+            bad = {f"{part}.{name}" for part, tensors in self._state_tensors().items()
+                   for name in nonfinite_tensors(tensors)}
+            if bad:
+                raise TrainingError(f"refusing to write a checkpoint at step {self.step} holding non-finite "
+                                    f"values in {', '.join(sorted(bad)[:5])}")
+            try:
+                tmp = self.checkpoints.staging(self.step)
+                self._write_main_state(tmp)
+            except WRITE_ERRORS as err:
+                error = err
+        shared = broadcast_object_list([str(tmp) if tmp is not None and error is None else ""])[0]
+        if shared:
+            try:
+                save_state(Path(shared) / "rng" / f"rank-{acc.process_index}", global_rng_state())
+            except WRITE_ERRORS as err:
+                error = error or err
+        failed = self._any_rank(error is not None) or not shared
+        final = None
+        if not failed and acc.is_main_process:
+            try:
+                final = self.checkpoints.commit(tmp, self.step, self._best_score())
+            except WRITE_ERRORS as err:
+                error = err
+        failed = self._any_rank(error is not None)
+        if failed:
+            if acc.is_main_process and tmp is not None:
+                self.checkpoints.discard(tmp)
+            latest = self.checkpoints.latest()
+            cause = f"{type(error).__name__}: {error}" if error is not None else "another rank failed to write"
+            raise CheckpointError(f"rank {acc.process_index}: could not write the checkpoint of step {self.step} "
+                                  f"into {self.checkpoints.root} ({cause}); the latest checkpoint is still "
+                                  f"{latest.name if latest else 'none'}")
         return final or self.checkpoints.root / step_dir_name(self.step)
 
-    def load_checkpoint(self, path: Path) -> None:
-        """Restore everything `save_checkpoint` wrote (safetensors/JSON only)."""
+    def _best_score(self) -> float | None:
+        name = self.cfg.train.keep_best
+        if name is None or self.last_eval.get("step") != self.step:
+            return None
+        return float(self.last_eval[name])
+
+    def _write_main_state(self, tmp: Path) -> None:
         acc = self.accelerator
-        state = json.loads((path / "trainer_state.json").read_text())
-        self.task.load_state_dict(load_file(str(path / "model.safetensors"), device=str(acc.device)))
-        self.ema.load_state_dict(load_file(str(path / "ema.safetensors"), device=str(acc.device)))
+        save_tensors(tmp / "model.safetensors", self.task.state_dict())
+        save_tensors(tmp / "ema.safetensors", self.ema.state_dict())
+        for phase, opt in self.optimizers.items():
+            save_state(tmp / "optim" / phase, {"optimizer": opt.state_dict(),
+                                                "scheduler": self.schedulers[phase].state_dict()})
+        if acc.scaler is not None:
+            save_state(tmp / "optim" / "grad_scaler", acc.scaler.state_dict())
+        state = {
+            "step": self.step,
+            "data_position": self.data_position,
+            "rollbacks": self.rollbacks,
+            "world_size": acc.num_processes,
+            "global_batch": self.cfg.train.batch_size,
+            "num_samples": len(self.dataset),
+            "family_state": self.task.state_for_checkpoint(),
+            "data_info": asdict(self.data_info),
+            "eval": self.last_eval if self.last_eval.get("step") == self.step else None,
+        }
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+
+    def load_checkpoint(self, path: Path, skip: Iterable[str] = ()) -> None:
+        """Restore everything `save_checkpoint` wrote (safetensors/JSON only; nothing is unpickled). `skip`
+        names STATE_PIECES to leave as they are (fault-injection tests)."""
+        acc, skip = self.accelerator, set(skip)
+        unknown = skip - set(STATE_PIECES)
+        if unknown:
+            raise ValueError(f"unknown state pieces {sorted(unknown)}; known: {', '.join(STATE_PIECES)}")
+        state = read_json(path / "trainer_state.json")
+        device = str(acc.device)
+        if "model" not in skip:
+            self.task.load_state_dict(load_tensors(path / "model.safetensors", device))
+        if "ema" not in skip:
+            self.ema.load_state_dict(load_tensors(path / "ema.safetensors", device))
         for phase, opt in self.optimizers.items():
             saved = load_state(path / "optim" / phase)
-            opt.load_state_dict(saved["optimizer"])
-            self.schedulers[phase].load_state_dict(saved["scheduler"])
-        if acc.scaler is not None and (path / "optim" / "grad_scaler.json").exists():
+            if "optimizer" not in skip:
+                opt.load_state_dict(saved["optimizer"])
+            if "scheduler" not in skip:
+                self.schedulers[phase].load_state_dict(saved["scheduler"])
+        if acc.scaler is not None and (path / "optim" / "grad_scaler.json").exists() and "grad_scaler" not in skip:
             acc.scaler.load_state_dict(load_state(path / "optim" / "grad_scaler"))
         rng = path / "rng" / f"rank-{acc.process_index}.json"
-        if rng.exists():
-            _set_rng_state(load_state(rng.with_suffix("")))
-        self.task.load_state_from_checkpoint(state["family_state"])
-        self.step = int(state["step"])
+        if rng.exists() and "rng" not in skip:
+            set_global_rng_state(load_state(rng.with_suffix("")))
+        if "family" not in skip:
+            self.task.load_state_from_checkpoint(state["family_state"])
+        if "step" not in skip:
+            self.step = int(state["step"])
+        if "data_position" not in skip:
+            self.data_position = int(state.get("data_position", state["step"]))
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.last_eval = state.get("eval") or {}
         same_order = (state["global_batch"], state["num_samples"]) == (self.cfg.train.batch_size, len(self.dataset))
         if not same_order and acc.is_main_process:
             print(f"genforge: batch size or data set size changed since {path.name}; the data order "
                   "from here on differs from an uninterrupted run", file=sys.stderr)
 
     # ------------------------------------------------------------------------------------- one step
-    def _micro_batches(self, loader_iter, skips: SkipLog) -> list[dict[str, Any]]:
-        acc, tc = self.accelerator, self.cfg.train
-        batches = []
-        for _ in range(tc.grad_accum):
-            batch = next(loader_iter)
-            skips.record(batch.pop("skipped"), self.step)
-            for name, value in batch.items():
-                if isinstance(value, Tensor):
-                    batch[name] = value.to(acc.device, non_blocking=True)
-            batches.append(batch)
-        return batches
+    def _batches(self) -> Iterator[dict[str, Any]]:
+        """This rank's micro-batches from global batch `data_position` on, on the device."""
+        tc = self.cfg.train
+        sampler = StepBatchSampler(len(self.dataset), tc.batch_size, tc.grad_accum, self.accelerator.num_processes,
+                                   self.accelerator.process_index, seed=tc.seed, start_step=self.data_position)
+        loader = build_loader(self.dataset, sampler, self.cfg.data.num_workers,
+                              pin_memory=self.accelerator.device.type == "cuda")
+        for batch in loader:
+            skipped = batch.pop("skipped")
+            self.skips.record(len(batch.get("key", ())), skipped, self.step)
+            yield {k: v.to(self.accelerator.device, non_blocking=True) if isinstance(v, Tensor) else v
+                   for k, v in batch.items()}
 
     def train_step(self, batches: list[dict[str, Any]], logs: StepLogs) -> bool:
         """One optimizer step of every phase; False when a phase was skipped as non-finite."""
@@ -220,6 +277,7 @@ class Trainer:
                     logs.add(f"{phase}/{name}" if len(self.task.phases) > 1 else name, value)
             params = [p for g in opt.param_groups for p in g["params"]]
             norm = acc.clip_grad_norm_(params, tc.grad_clip if tc.grad_clip > 0 else float("inf"))
+            # the norm is of the all-reduced gradients: every rank takes the same decision
             finite = bool(torch.isfinite(total) and torch.isfinite(norm))
             if finite or tc.precision == "fp16":  # fp16: the grad scaler skips and rescales by itself
                 opt.step()
@@ -252,7 +310,8 @@ class Trainer:
         self.logger.image(self.step, "samples", path)
         return path
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict[str, Any]:
+        """Evaluation metrics of the EMA weights (main process; the others get an empty dict)."""
         from genforge.eval.run import evaluate_task
 
         if not self.accelerator.is_main_process:
@@ -266,12 +325,51 @@ class Trainer:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"step": self.step, **results}, indent=1))
         self.logger.scalars(self.step, {f"eval/{k}": v for k, v in results.items() if isinstance(v, float)})
+        self.last_eval = {"step": self.step, **results}
         return results
+
+    def _check_bad_data(self) -> None:
+        """Stop when the share of unreadable samples (all ranks) passes data.max_bad_fraction."""
+        counts = torch.tensor([self.skips.reads, self.skips.bad], dtype=torch.float64, device=self.accelerator.device)
+        reads, bad = (self.accelerator.reduce(counts, reduction="sum") if self.accelerator.num_processes > 1
+                      else counts).tolist()
+        limit = self.cfg.data.max_bad_fraction
+        if reads >= MIN_READS_FOR_BAD_FRACTION and bad > limit * reads:
+            raise TrainingError(f"{bad:.0f} of {reads:.0f} samples read were unreadable ({bad / reads:.1%} > "
+                                f"data.max_bad_fraction={limit}); see {self.run_dir / 'skipped.jsonl'}")
+
+    def _after_nonfinite(self) -> bool:
+        """Count a skipped step; past train.max_nonfinite_skips stop or roll back. True after a rollback."""
+        tc = self.cfg.train
+        self.nonfinite_in_a_row += 1
+        if self.accelerator.is_main_process:
+            print(f"genforge: step {self.step}: non-finite loss or gradient, step skipped "
+                  f"({self.nonfinite_in_a_row} in a row)", file=sys.stderr)
+        if self.nonfinite_in_a_row < tc.max_nonfinite_skips:
+            return False
+        latest = self.checkpoints.latest()
+        if tc.on_nonfinite == "stop" or latest is None or self.rollbacks >= tc.max_rollbacks:
+            why = "" if tc.on_nonfinite == "stop" else (
+                " and no checkpoint to roll back to" if latest is None else
+                f" after {self.rollbacks} rollbacks (train.max_rollbacks={tc.max_rollbacks})")
+            raise TrainingError(f"{self.nonfinite_in_a_row} non-finite steps in a row (train.max_nonfinite_skips="
+                                f"{tc.max_nonfinite_skips}){why}; lower train.lr or check the data. The last "
+                                f"checkpoint is {latest}")
+        failed_at = self.data_position  # the batch after the last one that failed
+        self.load_checkpoint(latest)
+        self.data_position = failed_at  # skip every batch from the checkpoint to the failure
+        self.rollbacks += 1
+        self.nonfinite_in_a_row = 0
+        if self.accelerator.is_main_process:
+            print(f"genforge: rolled back to {latest.name} (step {self.step}); skipping the data up to the "
+                  f"failure (rollback {self.rollbacks} of {tc.max_rollbacks})", file=sys.stderr)
+        return True
 
     # ------------------------------------------------------------------------------------------- fit
     def fit(self, stop_at: int | None = None) -> Path:
-        """Train to `train.steps` (or stop after step `stop_at`, as if interrupted); returns the run dir."""
-        acc, cfg, tc = self.accelerator, self.cfg, self.cfg.train
+        """Train to `train.steps` (or stop after step `stop_at`, as if interrupted); returns the run dir.
+        SIGTERM/SIGINT/SIGUSR1 end the run after a checkpoint by raising Preempted."""
+        acc, cfg = self.accelerator, self.cfg
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -282,34 +380,40 @@ class Trainer:
             self.load_checkpoint(latest)
             if acc.is_main_process:
                 print(f"genforge: resumed from {latest} (step {self.step})", file=sys.stderr)
-        self.logger = RunLogger(self.run_dir, cfg.log, cfg.model_dump(mode="json")) if acc.is_main_process \
-            else None
-        skips = SkipLog(self.run_dir / "skipped.jsonl")
-        sampler = StepBatchSampler(len(self.dataset), tc.batch_size, tc.grad_accum, acc.num_processes,
-                                   acc.process_index, seed=tc.seed, start_step=self.step)
-        loader = build_loader(self.dataset, sampler, cfg.data.num_workers, pin_memory=acc.device.type == "cuda")
-        loader_iter = iter(loader)
+        self.skips = SkipLog(self.run_dir / "skipped.jsonl")
+        self.logger = RunLogger(self.run_dir, cfg.log, cfg.model_dump(mode="json"), resume_step=self.step) \
+            if acc.is_main_process else None
+        try:
+            with StopRequests() as stop:
+                self._loop(stop, stop_at)
+        except torch.distributed.DistError as err:
+            raise TrainingError(f"rank {acc.process_index}: a collective operation failed, so another process "
+                                f"died or hung (train.dist_timeout_s={cfg.train.dist_timeout_s}): {err}") from err
+        finally:
+            if self.logger:
+                self.logger.close()
+        acc.wait_for_everyone()
+        return self.run_dir
+
+    def _loop(self, stop: StopRequests, stop_at: int | None) -> None:
+        acc, cfg, tc = self.accelerator, self.cfg, self.cfg.train
         bar = tqdm(total=tc.steps, initial=self.step, disable=not (acc.is_main_process and cfg.log.progress),
                    dynamic_ncols=True, desc=self.run_dir.name, file=sys.stderr)
         logs, last_time, last_step = StepLogs(), time.perf_counter(), self.step
         self.task.train()
+        batches = self._batches()
         while self.step < tc.steps:
-            batches = self._micro_batches(loader_iter, skips)
-            finite = self.train_step(batches, logs)
-            if finite:
+            finite = self.train_step([next(batches) for _ in range(tc.grad_accum)], logs)
+            self.data_position += 1
+            if not finite:
+                if self._after_nonfinite():
+                    batches = self._batches()  # restart the data stream past the skipped batches
+                    bar.reset(total=tc.steps)
+                    bar.update(self.step)
+                    continue
+            else:
                 self.ema.update(self.step)
                 self.nonfinite_in_a_row = 0
-            else:
-                self.nonfinite_in_a_row += 1
-                if acc.is_main_process:
-                    print(f"genforge: step {self.step}: non-finite loss or gradient, step skipped "
-                          f"({self.nonfinite_in_a_row} in a row)", file=sys.stderr)
-                if self.nonfinite_in_a_row >= tc.max_nonfinite_skips:
-                    raise TrainingError(
-                        f"{self.nonfinite_in_a_row} non-finite steps in a row (train.max_nonfinite_skips="
-                        f"{tc.max_nonfinite_skips}); lower train.lr or check the data. The last "
-                        f"checkpoint is {self.checkpoints.latest()}"
-                    )
             self.step += 1
             bar.update(1)
             if self._due(tc.log_every):
@@ -317,22 +421,23 @@ class Trainer:
                 now = time.perf_counter()
                 values["samples_per_s"] = (self.step - last_step) * tc.batch_size / max(now - last_time, 1e-9)
                 values["lr"] = self.schedulers[self.task.phases[0]].get_last_lr()[0]
-                values["skipped_samples"] = float(skips.count)
+                values["skipped_samples"] = float(self.skips.bad)
                 last_time, last_step = now, self.step
                 if self.logger:
                     self.logger.scalars(self.step, values)
                     bar.set_postfix({k: f"{v:.4g}" for k, v in values.items()
                                      if k in ("loss", "lr", "samples_per_s") or k.endswith("/loss")})
+                self._check_bad_data()
             if self._due(tc.sample_every):
                 self.sample_grid()
             if cfg.eval.every and self._due(cfg.eval.every):
                 self.evaluate()
-            if self._due(tc.checkpoint_every):
-                self.save_checkpoint()
+            signum = self._any_rank(stop.signum or 0)
+            if self._due(tc.checkpoint_every) or signum:
+                checkpoint = self.save_checkpoint()
+                if signum:
+                    bar.close()
+                    raise Preempted(signum, self.step, checkpoint)
             if stop_at is not None and self.step >= stop_at:
                 break
         bar.close()
-        if self.logger:
-            self.logger.close()
-        acc.wait_for_everyone()
-        return self.run_dir

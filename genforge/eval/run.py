@@ -8,9 +8,10 @@ import torch
 from torch import Tensor
 
 from genforge.config import RunConfig
+from genforge.config.base import METRIC_RESULTS
 from genforge.engine.task import Task
 
-METRICS = ("judge",)
+METRICS = tuple(METRIC_RESULTS)
 
 
 @torch.no_grad()

@@ -1,8 +1,10 @@
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from genforge.data.loader import StepBatchSampler, collate
+from genforge.data.loader import ReplaceUnreadable, SkipLog, StepBatchSampler, collate
 
 
 def _take(sampler, n):
@@ -39,9 +41,43 @@ def test_bad_sizes_are_clear_errors():
         StepBatchSampler(4, 8)
 
 
-def test_collate_drops_and_reports_bad_samples():
-    good = {"image": torch.zeros(3, 2, 2), "label": 1, "key": "a"}
-    batch = collate([good, {"key": "b.jpg", "bad": "truncated"}, dict(good, key="c", label=np.int64(2))])
-    assert batch["image"].shape == (2, 3, 2, 2)
-    assert batch["label"].tolist() == [1, 2] and batch["key"] == ["a", "c"]
-    assert batch["skipped"] == [("b.jpg", "truncated")]
+class _SomeBad(torch.utils.data.Dataset):
+    """Items 1 and 2 are unreadable; 5 items."""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, item):
+        index, _ = item
+        if index in (1, 2):
+            return {"key": f"{index}.jpg", "bad": "truncated"}
+        return {"image": torch.full((3, 2, 2), float(index)), "label": index, "key": f"{index}.jpg"}
+
+
+def test_unreadable_samples_are_replaced_by_the_next_readable_one_and_reported():
+    data = ReplaceUnreadable(_SomeBad())
+    batch = collate([data[(0, 0)], data[(1, 0)], data[(2, 0)]])
+    assert batch["image"].shape == (3, 3, 2, 2)  # the batch keeps its size
+    assert batch["label"].tolist() == [0, 3, 3] and batch["key"] == ["0.jpg", "3.jpg", "3.jpg"]
+    assert batch["skipped"] == [("1.jpg", "truncated"), ("2.jpg", "truncated"), ("2.jpg", "truncated")]
+    assert collate([data[(4, 0)], data[(0, 0)]])["skipped"] == []
+
+
+def test_all_unreadable_is_a_clear_error():
+    class AllBad(_SomeBad):
+        def __getitem__(self, item):
+            return {"key": f"{item[0]}.jpg", "bad": "not an image"}
+
+    with pytest.raises(RuntimeError, match="unreadable samples in a row"):
+        ReplaceUnreadable(AllBad(), max_tries=5)[(0, 0)]
+
+
+def test_skip_log_lists_each_file_once_and_survives_a_resume(tmp_path):
+    log = SkipLog(tmp_path / "skipped.jsonl")
+    log.record(8, [("a.jpg", "truncated"), ("a.jpg", "truncated")], step=0)
+    log.record(8, [("a.jpg", "truncated"), ("b.jpg", "empty")], step=1)
+    assert (log.reads, log.bad) == (20, 4)
+    resumed = SkipLog(tmp_path / "skipped.jsonl")
+    resumed.record(8, [("b.jpg", "empty"), ("c.jpg", "bomb")], step=2)
+    rows = [json.loads(line) for line in (tmp_path / "skipped.jsonl").read_text().splitlines()]
+    assert [(r["key"], r["step"]) for r in rows] == [("a.jpg", 0), ("b.jpg", 1), ("c.jpg", 2)]
