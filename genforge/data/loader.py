@@ -11,6 +11,7 @@ and resuming at step `s` needs nothing but `s`.
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -142,9 +143,17 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-def build_loader(dataset: Dataset, sampler: StepBatchSampler, num_workers: int, pin_memory: bool) -> DataLoader:
+def _worker_init(worker_id: int) -> None:
+    """Stop signals are the main process's business: it finishes the step, checkpoints and shuts workers down."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def build_loader(dataset: Dataset, sampler: StepBatchSampler, num_workers: int, pin_memory: bool,
+                 seed: int = 0) -> DataLoader:
     """A DataLoader that decodes in `num_workers` worker processes; unreadable samples are replaced and
-    reported (see ReplaceUnreadable)."""
+    reported (see ReplaceUnreadable). The workers' RNGs are seeded from `seed` (not from the global torch
+    RNG), so a resumed run gives its workers the same seeds as an uninterrupted one."""
     return DataLoader(
         ReplaceUnreadable(dataset),
         batch_sampler=sampler,
@@ -153,6 +162,8 @@ def build_loader(dataset: Dataset, sampler: StepBatchSampler, num_workers: int, 
         pin_memory=pin_memory,
         persistent_workers=False,
         prefetch_factor=4 if num_workers else None,
+        worker_init_fn=_worker_init,
+        generator=torch.Generator().manual_seed(seed),
     )
 
 

@@ -34,7 +34,7 @@ from genforge.engine.ema import EMA
 from genforge.engine.logging import RunLogger, save_grid
 from genforge.engine.optim import build_optimizer, build_scheduler
 from genforge.engine.preemption import Preempted, StopRequests
-from genforge.engine.random import BatchRandom, global_rng_state, set_global_rng_state
+from genforge.engine.random import BatchRandom, global_rng_state, mix_seed, set_global_rng_state
 from genforge.engine.task import Task
 
 # What a checkpoint restores, by name (`load_checkpoint(skip=...)` lets tests prove each one matters).
@@ -248,7 +248,8 @@ class Trainer:
         sampler = StepBatchSampler(len(self.dataset), tc.batch_size, tc.grad_accum, self.accelerator.num_processes,
                                    self.accelerator.process_index, seed=tc.seed, start_step=self.data_position)
         loader = build_loader(self.dataset, sampler, self.cfg.data.num_workers,
-                              pin_memory=self.accelerator.device.type == "cuda")
+                              pin_memory=self.accelerator.device.type == "cuda",
+                              seed=mix_seed(tc.seed, self.accelerator.process_index, self.data_position))
         for batch in loader:
             skipped = batch.pop("skipped")
             self.skips.record(len(batch.get("key", ())), skipped, self.step)
