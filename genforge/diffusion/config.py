@@ -19,6 +19,8 @@ class DiffusionConfig(StrictModel):
     loss: Literal["mse", "rescaled_mse"] = Field(
         "mse", description="mse: DiT's hybrid weighting; rescaled_mse: the paper's lambda=0.001"
     )
+    min_snr_gamma: float | None = Field(None, gt=0.0, description="Min-SNR-γ loss weighting (Hang et al. 2023); "
+                                                                   "5 is the paper's choice; None: plain MSE")
     sampler: Literal["ddpm", "ddim"] = "ddpm"
     sample_steps: int = Field(250, ge=1, description="respaced steps used for sampling")
     ddim_eta: float = Field(0.0, ge=0.0, le=1.0)

@@ -95,6 +95,7 @@ class GaussianDiffusion:
             "log_betas": np.log(betas),
             "alphas_cumprod": ac,
             "alphas_cumprod_prev": ac_prev,
+            "snr": ac / (1.0 - ac),  # signal-to-noise ratio ᾱ_t / (1 − ᾱ_t)
             "sqrt_alphas_cumprod": np.sqrt(ac),
             "sqrt_one_minus_alphas_cumprod": np.sqrt(1.0 - ac),
             "sqrt_recip_alphas_cumprod": np.sqrt(1.0 / ac),
@@ -218,10 +219,23 @@ class GaussianDiffusion:
             x_start, means=out["mean"], log_scales=0.5 * out["log_variance"])) / math.log(2.0)
         return {"output": torch.where(t == 0, decoder_nll, kl), "pred_xstart": out["pred_xstart"]}
 
+    def min_snr_weight(self, t: Tensor, gamma: float) -> Tensor:
+        """Min-SNR-γ loss weight [B] (Hang et al. 2023, eq. 9) for the MSE on this process's target: the
+        effective ε-space weight min(SNR_t, γ) / SNR_t, with SNR_t = ᾱ_t / (1 − ᾱ_t), expressed for x0 (×SNR)
+        and v (×SNR / (SNR + 1)) targets."""
+        snr = self._coef("snr", t, t)
+        clipped = snr.clamp(max=gamma)
+        if self.mean_type == MeanType.EPSILON:
+            return clipped / snr
+        if self.mean_type == MeanType.START_X:
+            return clipped
+        return clipped / (snr + 1.0)
+
     def training_losses(self, model: Model, x_start: Tensor, t: Tensor, model_kwargs: dict[str, Any] | None = None,
-                        noise: Tensor | None = None) -> dict[str, Tensor]:
+                        noise: Tensor | None = None, min_snr_gamma: float | None = None) -> dict[str, Tensor]:
         """Per-example losses [B] at timesteps t: "loss", plus "mse" (L_simple, DDPM eq. 14, on the target of
-        mean_type) and "vb" (IDDPM §3.1) where they apply."""
+        mean_type) and "vb" (IDDPM §3.1) where they apply. With `min_snr_gamma` the MSE enters "loss" with
+        the Min-SNR-γ weight ("mse" stays the plain one, for logging)."""
         noise = torch.randn_like(x_start) if noise is None else noise
         x_t = self.q_sample(x_start, t, noise)
         if self.loss_type in (LossType.KL, LossType.RESCALED_KL):
@@ -242,7 +256,8 @@ class GaussianDiffusion:
         else:
             target = self.velocity(x_start, t, noise)
         terms["mse"] = mean_flat((target - mean_out) ** 2)
-        terms["loss"] = terms["mse"] + terms["vb"] if "vb" in terms else terms["mse"]
+        weighted = terms["mse"] if min_snr_gamma is None else self.min_snr_weight(t, min_snr_gamma) * terms["mse"]
+        terms["loss"] = weighted + terms["vb"] if "vb" in terms else weighted
         return terms
 
     def sample_timesteps(self, batch_size: int, device: torch.device | str = "cpu",

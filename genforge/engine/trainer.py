@@ -43,6 +43,14 @@ STATE_PIECES = ("model", "ema", "optimizer", "scheduler", "grad_scaler", "rng", 
 MIN_READS_FOR_BAD_FRACTION = 100  # do not judge data.max_bad_fraction on a handful of samples
 
 
+def _collective_failure(err: BaseException) -> bool:
+    """An error raised because a peer process died or hung (gloo/NCCL timeouts and closed connections)."""
+    if isinstance(err, torch.distributed.DistError):
+        return True
+    text = str(err)
+    return any(sign in text for sign in ("gloo", "NCCL", "Timed out", "timed out", "Connection closed"))
+
+
 class TrainingError(RuntimeError):
     """The run cannot go on (too many non-finite steps, too much bad data, a dead peer); the message says why."""
 
@@ -387,7 +395,9 @@ class Trainer:
         try:
             with StopRequests() as stop:
                 self._loop(stop, stop_at)
-        except torch.distributed.DistError as err:
+        except RuntimeError as err:
+            if isinstance(err, (TrainingError, CheckpointError)) or not _collective_failure(err):
+                raise
             raise TrainingError(f"rank {acc.process_index}: a collective operation failed, so another process "
                                 f"died or hung (train.dist_timeout_s={cfg.train.dist_timeout_s}): {err}") from err
         finally:

@@ -185,3 +185,30 @@ def test_single_step_process_samples():
     assert d.num_timesteps == 1
     out = d.p_sample_loop(lambda x, t: torch.cat([torch.zeros_like(x), x], 1), (2, 3, 2, 2))
     assert torch.isfinite(out).all()
+
+
+def test_min_snr_weights_agree_across_parametrizations():
+    """The same x0 error costs the same weighted loss whatever the model predicts: ||Δε||² = SNR·||Δx0||² and
+    ||Δv||² = (SNR+1)·||Δx0||², so w_ε·SNR = w_x0 = w_v·(SNR+1) = min(SNR, γ) (Hang et al. 2023)."""
+    t = torch.arange(0, 1000, 37)
+    weights = {}
+    for mean_type in (MeanType.EPSILON, MeanType.START_X, MeanType.VELOCITY):
+        diffusion = create_diffusion(noise_schedule="cosine", mean_type=mean_type, learn_sigma=False)
+        weights[mean_type] = diffusion.min_snr_weight(t, gamma=5.0).double()
+    ac = diffusion.coefs["alphas_cumprod"][t]
+    snr = ac / (1 - ac)
+    expected = snr.clamp(max=5.0)
+    torch.testing.assert_close(weights[MeanType.START_X], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights[MeanType.EPSILON] * snr, expected, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(weights[MeanType.VELOCITY] * (snr + 1), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_min_snr_weight_enters_the_loss_but_not_the_logged_mse():
+    diffusion = create_diffusion(mean_type=MeanType.START_X, learn_sigma=False)
+    x0, noise = torch.randn(4, 3, 8, 8), torch.randn(4, 3, 8, 8)
+    t = torch.tensor([1, 100, 500, 999])
+    model = lambda x, t: torch.zeros_like(x)  # noqa: E731
+    plain = diffusion.training_losses(model, x0, t, noise=noise)
+    weighted = diffusion.training_losses(model, x0, t, noise=noise, min_snr_gamma=5.0)
+    torch.testing.assert_close(weighted["mse"], plain["mse"])
+    torch.testing.assert_close(weighted["loss"], plain["mse"] * diffusion.min_snr_weight(t, 5.0))

@@ -1,6 +1,12 @@
-"""Run under torchrun (or plainly, for 1 process): train dit-debug, then every rank saves its weights."""
+"""Run under torchrun (or plainly, for 1 process): train dit-debug, then every rank saves its weights.
 
+GENFORGE_TEST_FAULT=kill|hang makes rank 1 die (SIGKILL) or hang at step 3, for the failure tests.
+"""
+
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -8,6 +14,20 @@ from safetensors.torch import save_file
 
 from genforge.config import load_config
 from genforge.engine.trainer import Trainer
+from genforge.families.dit.task import DiTTask
+
+fault = os.environ.get("GENFORGE_TEST_FAULT")
+if fault and os.environ.get("RANK") == "1":
+    plain = DiTTask.loss
+
+    def faulty(self, batch, phase, step):
+        if step == 3:
+            if fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)
+        return plain(self, batch, phase, step)
+
+    DiTTask.loss = faulty
 
 run_dir, out_dir, *overrides = sys.argv[1:]
 trainer = Trainer(load_config("dit-debug", overrides), Path(run_dir))

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,18 @@ def test_evaluation_during_training(tmp_path, monkeypatch):
     assert result["step"] == 3 and result["n"] == 4 and 0.0 <= result["judge_accuracy"] <= 1.0
     logged = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "eval/judge_accuracy" in r]
     assert [r["step"] for r in logged] == [3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_a_dead_or_hung_rank_ends_the_run(tmp_path, fault):
+    """Rank 1 dies (SIGKILL) or hangs at step 3: the run exits non-zero within 60 s, naming the rank."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]), GENFORGE_TEST_FAULT=fault)
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(HERE / "ddp_worker.py"), str(tmp_path / "run"), str(tmp_path),
+                           "train.dist_timeout_s=10", "train.steps=20"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and time.monotonic() - start < 60
+    if fault == "hang":  # rank 0 gave up on its own, after the collective timeout, and says who it is
+        assert "rank 0: a collective operation failed" in done.stderr, done.stderr[-3000:]

@@ -64,7 +64,8 @@ class DiTTask(Task):
         if self.num_classes:
             drop = rng.rand() < self.cfg.class_dropout_prob  # label dropout for classifier-free guidance
             kwargs["y"] = self.model.y_embedder.drop(batch["label"], drop)
-        terms = self.diffusion.training_losses(self.model, x, t, model_kwargs=kwargs, noise=noise)
+        terms = self.diffusion.training_losses(self.model, x, t, model_kwargs=kwargs, noise=noise,
+                                               min_snr_gamma=self.cfg.diffusion.min_snr_gamma)
         logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
         return terms["loss"].mean(), logs
 
