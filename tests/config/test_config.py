@@ -85,6 +85,17 @@ BAD = [
     (["eval.metrics=[fid9]"], "eval.metrics"),
     (["log.tensorboard=maybe"], "log.tensorboard"),
     (["train"], "train"),
+    (["train.keep_best=judge_accuracy"], "train.keep_best"),  # without eval.every
+    (["eval.every=100", "train.keep_best=fid"], "train.keep_best"),
+    (["train.keep_best_mode=up"], "train.keep_best_mode"),
+    (["train.on_nonfinite=ignore"], "train.on_nonfinite"),
+    (["train.max_rollbacks=-1"], "train.max_rollbacks"),
+    (["train.max_nonfinite_skips=0"], "train.max_nonfinite_skips"),
+    (["train.dist_timeout_s=1"], "train.dist_timeout_s"),
+    (["data.max_bad_fraction=1.5"], "data.max_bad_fraction"),
+    (["data.max_image_pixels=0"], "data.max_image_pixels"),
+    (["data.num_workers=-1"], "data.num_workers"),
+    (["model.diffusion.min_snr_gamma=0"], "model.diffusion.min_snr_gamma"),
 ]
 
 
