@@ -90,6 +90,9 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, fresh: bool = False) -> None:
         self.cfg = cfg
         tc = cfg.train
+        if tc.precision == "fp16" and not torch.cuda.is_available():
+            raise ValueError("train.precision=fp16 needs a CUDA GPU (its grad scaler does not run on the CPU); "
+                             "use bf16 or no here")
         ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
         timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=tc.dist_timeout_s))
         # torchrun/accelerate launch without CUDA: accelerate joins the (gloo) process group only when told cpu=True

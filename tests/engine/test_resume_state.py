@@ -119,3 +119,10 @@ def test_rollback_reloads_the_checkpoint_and_skips_the_bad_data(tmp_path, monkey
     assert "rolled back to step-000004" in capsys.readouterr().err
     assert json.loads((tmp_path / "checkpoints" / "step-000008" / "trainer_state.json").read_text())[
         "data_position"] == 11
+
+
+def test_fp16_without_a_gpu_is_a_clear_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="train.precision=fp16 needs a CUDA GPU"):
+        Trainer(load_config("dit-debug", ["train.precision=fp16"]), tmp_path)
