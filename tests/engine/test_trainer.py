@@ -115,3 +115,26 @@ def test_a_dead_or_hung_rank_ends_the_run(tmp_path, fault):
     assert done.returncode != 0 and time.monotonic() - start < 60
     if fault == "hang":  # rank 0 gave up on its own, after the collective timeout, and says who it is
         assert "rank 0: a collective operation failed" in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_checkpoints_on_every_rank(tmp_path):
+    """torchrun forwards SIGTERM: both ranks agree, finish the step, write one checkpoint and exit."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(HERE / "ddp_worker.py"), str(run_dir), str(tmp_path), "train.steps=500",
+                             "train.checkpoint_every=0", "train.log_every=1"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    step = json.loads((run_dir / "checkpoints" / latest / "trainer_state.json").read_text())["step"]
+    assert 2 <= step < 500 and "stopped by SIGTERM" in err, err[-3000:]
+    assert sorted(p.name for p in (run_dir / "checkpoints" / latest / "rng").glob("*.json")) == [
+        "rank-0.json", "rank-1.json"]
