@@ -48,14 +48,13 @@ class RunLogger:
         self.path = run_dir / "metrics.jsonl"
         self.tb = None
         self.wandb = None
-        if resume_step:
-            self._truncate_after(resume_step)
+        self._truncate_after(resume_step)  # a run killed before its first checkpoint resumes at 0
         if cfg.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
                 # purge_step: TensorBoard drops what an interrupted run logged past the checkpoint
-                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step or None)
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step)
             except ImportError:
                 print("genforge: tensorboard not installed (pip install 'genforge[log]'); logging to "
                       "metrics.jsonl only", file=sys.stderr)

@@ -186,3 +186,13 @@ def test_decompression_bomb_is_refused(tmp_path):
     with pytest.raises(DecompressionBomb, match="400x300"):
         load_rgb(tmp_path / "big.png", max_pixels=100_000)
     assert load_rgb(tmp_path / "big.png", max_pixels=120_000).size == (400, 300)
+
+
+def test_killed_before_the_first_checkpoint_logs_each_step_once(reference, tmp_path):
+    """A kill right after step 1 (no checkpoint yet): the re-run starts at 0 and drops the old records."""
+    run_dir = tmp_path / "run"
+    start_and_kill(train_argv(run_dir, KILL_RUN), 0, when_line=run_dir / "metrics.jsonl", lines=1)
+    assert not (run_dir / "checkpoints" / "latest").exists()
+    done = run(train_argv(run_dir, KILL_RUN))
+    assert done.returncode == 0, done.stderr
+    assert same_run(reference[0], run_dir)
