@@ -392,7 +392,6 @@ class Trainer:
             self.load_checkpoint(latest)
             if acc.is_main_process:
                 print(f"genforge: resumed from {latest} (step {self.step})", file=sys.stderr)
-        self.skips = SkipLog(self.run_dir / "skipped.jsonl")
         self.logger = RunLogger(self.run_dir, cfg.log, cfg.model_dump(mode="json"), resume_step=self.step) \
             if acc.is_main_process else None
         try:
