@@ -146,6 +146,42 @@ def evaluate(
 
 
 @app.command()
+def encode(
+    tokenizer: Annotated[Path, typer.Argument(help="run directory of a trained tokenizer (klvae, vqgan, dvae)")],
+    out: Annotated[Path, typer.Option(help="cache folder to write (must not exist, or be empty)")],
+    data: Annotated[Optional[str], typer.Option(help="preset or YAML whose data section is encoded "
+                                                     "(default: the tokenizer run's config.yaml)")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="data override, e.g. data.shapes.n=5000")] = None,
+    flip: Annotated[Optional[bool], typer.Option("--flip/--no-flip", help="also store the flipped images' codes "
+                                                                          "(default: data.flip)")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="images per encoder call")] = 64,
+    shard_size: Annotated[int, typer.Option(min=1, help="samples per shard")] = 10_000,
+) -> None:
+    """Encode a data set once with a tokenizer: latents or token ids as webdataset shards + cache.json."""
+    from genforge.config import load_config
+    from genforge.data.cache import MANIFEST, encode_dataset, manifest_summary
+    from genforge.engine.checkpoint import CheckpointReadError
+    from genforge.engine.runs import load_codec
+
+    overrides = set_ or []
+    for item in overrides:
+        if not item.startswith("data."):
+            _fail(f"--set {item!r}: only data.* keys apply to encode")
+    device = "cuda" if _cuda() else "cpu"
+    try:
+        codec, info = load_codec(tokenizer, device)
+        cfg = load_config(data or str(tokenizer / "config.yaml"), overrides)
+        manifest = encode_dataset(codec, info, cfg.data, out, flip=cfg.data.flip if flip is None else flip,
+                                  batch_size=batch_size, shard_size=shard_size, device=device, progress=True)
+    except (ValueError, FileNotFoundError, CheckpointReadError) as err:  # ConfigError, CacheError: ValueErrors
+        _fail(str(err))
+    if manifest.skipped:
+        typer.echo(f"genforge: skipped {len(manifest.skipped)} unreadable images (listed in {MANIFEST})", err=True)
+    typer.echo(f"wrote {manifest_summary(manifest)} to {out}")
+    typer.echo(f"manifest: {out / MANIFEST}")
+
+
+@app.command()
 def presets() -> None:
     """List the built-in presets: name, family, description."""
     from genforge.config import list_presets, load_config

@@ -22,10 +22,11 @@ def _options(command_name):
 
 def test_stable_surface_is_frozen():
     group = typer.main.get_command(app)
-    assert {"train", "sample", "eval", "presets", "data"} <= set(group.commands)
+    assert {"train", "sample", "eval", "encode", "presets", "data"} <= set(group.commands)
     assert {"--set", "--run-dir", "--dry-run", "--fresh"} <= _options("train")
     assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt"} <= _options("sample")
     assert {"--metrics", "--n"} <= _options("eval")
+    assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size"} <= _options("encode")
     assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}
 
 

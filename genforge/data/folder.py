@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
-from genforge.data.images import center_crop_resize, load_rgb, to_tensor
+from genforge.data.images import center_crop_resize, flip_drawn, load_rgb, to_tensor
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
@@ -83,7 +83,7 @@ class ImageFolderDataset(Dataset):
             caption = caption_path.read_text(encoding="utf-8").strip() if caption_path.is_file() else None
         except Exception as err:  # any decoder or caption error: skip and report, never kill the worker
             return {"key": rel, "bad": f"{type(err).__name__}: {err}"}
-        if self.flip and aug_seed is not None and np.random.default_rng(aug_seed).random() < 0.5:
+        if self.flip and flip_drawn(aug_seed):
             image = image[:, ::-1]
         sample = {"image": to_tensor(image), "key": rel}
         if self.labels is not None:

@@ -64,6 +64,12 @@ def center_crop_resize(img: Image.Image, size: int) -> Image.Image:
     return img.crop((left, top, left + size, top + size))
 
 
+def flip_drawn(aug_seed: int | None) -> bool:
+    """The per-sample coin of the random horizontal flip: heads for half of the sampler's `aug_seed`s, never
+    without one (every data set, and a cache's flipped variant, draws it the same way)."""
+    return aug_seed is not None and np.random.default_rng(aug_seed).random() < 0.5
+
+
 def to_tensor(image: Image.Image | np.ndarray) -> torch.Tensor:
     """uint8 [H, W, 3] (or a batch [N, H, W, 3]) -> float32 [3, H, W] ([N, 3, H, W]) in [-1, 1]."""
     arr = np.array(image, dtype=np.uint8)  # a writable, contiguous copy

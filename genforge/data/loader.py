@@ -28,8 +28,10 @@ class DataInfo:
     """What a family needs to know about its data to build its model."""
 
     num_classes: int
-    channels: int
-    image_size: int
+    channels: int  # of the tensor a sample holds: 3 for images, latent channels for a latent cache, 0 for tokens
+    image_size: int  # pixels (a cache: of the images it was encoded from)
+    kind: str = "image"  # "image", or a cache's "latent" / "tokens"
+    encoder_hash: str | None = None  # a cache's: sha256 of the tokenizer checkpoint that wrote it
 
 
 def build_dataset(cfg: DataConfig, split: str = "train", flip: bool | None = None) -> Dataset:
@@ -48,11 +50,29 @@ def build_dataset(cfg: DataConfig, split: str = "train", flip: bool | None = Non
             raise FileNotFoundError(f"data.path: folder {cfg.path!r} does not exist")
         return ImageFolderDataset(cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip,
                                   seed=0, max_image_pixels=cfg.max_image_pixels)
+    if cfg.source == "cache":
+        from genforge.data.cache import CacheDataset, open_manifest
+
+        if split == "val":
+            raise ValueError(f"data.source=cache ({cfg.path}) has no held-out split")
+        return CacheDataset(cfg.path, flip=flip, manifest=open_manifest(cfg, flip))
     raise ValueError(f"data.source={cfg.source!r} is not supported")
 
 
 def data_info(dataset: Dataset, cfg: DataConfig) -> DataInfo:
+    """What the model needs to know about `dataset` (built by `build_dataset(cfg)`)."""
+    if cfg.source == "cache":
+        return dataset.manifest.data_info()
     return DataInfo(num_classes=int(getattr(dataset, "num_classes", 0)), channels=3, image_size=cfg.image_size)
+
+
+def scan_data_info(cfg: DataConfig) -> DataInfo:
+    """`data_info` without loading samples: a cache's manifest, or a scan of the data set."""
+    if cfg.source == "cache":
+        from genforge.data.cache import open_manifest
+
+        return open_manifest(cfg).data_info()
+    return data_info(build_dataset(cfg), cfg)
 
 
 class StepBatchSampler(Sampler[list[tuple[int, int]]]):

@@ -16,7 +16,7 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 
-from genforge.data.images import to_tensor
+from genforge.data.images import flip_drawn, to_tensor
 
 KINDS = ("circle", "square", "triangle", "cross")
 COLORS = {"red": (220, 40, 40), "green": (40, 175, 60), "blue": (45, 85, 225), "yellow": (240, 215, 40)}
@@ -167,6 +167,7 @@ class ShapesDataset(Dataset):
     """Index i -> render_shapes(seed, i); items are ints or (index, aug_seed) tuples from the sampler."""
 
     num_classes = NUM_CLASSES
+    mirror_text = staticmethod(mirror_caption)  # the caption of a flipped image (for caches' flipped variants)
 
     def __init__(self, n: int, image_size: int, seed: int = 0, spec: ShapesSpec = ShapesSpec(),
                  flip: bool = False) -> None:
@@ -183,7 +184,7 @@ class ShapesDataset(Dataset):
         if not 0 <= index < self.n:
             raise IndexError(index)
         image, label, caption = render_shapes(self.seed, index, self.image_size, self.spec)
-        if self.flip and aug_seed is not None and np.random.default_rng(aug_seed).random() < 0.5:
+        if self.flip and flip_drawn(aug_seed):
             image, caption = image[:, ::-1], mirror_caption(caption)
         return {"image": to_tensor(image), "label": label, "text": caption, "key": shapes_key(self.seed, index)}
 

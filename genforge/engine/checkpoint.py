@@ -108,16 +108,18 @@ def save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
     save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(path))
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
+    """fsync every file and folder under `root` (before renaming it into place)."""
     for path in sorted(root.rglob("*")):
         if path.is_file():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
     for path in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
-        _fsync_dir(path)
+        fsync_dir(path)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder, so the renames inside it are on disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -125,7 +127,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to a temporary name, fsync, and rename onto `path`: readers see the old or the new file."""
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
     with open(tmp, "w") as f:
         f.write(text)
@@ -157,13 +160,13 @@ class CheckpointDir:
         On a write error nothing of this checkpoint is left and `latest` still names the previous one."""
         final = self.root / step_dir_name(step)
         try:
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             if final.exists():
                 self._remove(final)
             os.replace(tmp, final)
-            _fsync_dir(self.root)
-            _write_atomically(self.root / "latest", final.name + "\n")
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
+            write_atomically(self.root / "latest", final.name + "\n")
+            fsync_dir(self.root)
         except WRITE_ERRORS:
             self.discard(tmp)
             latest = self._read_latest_name()
@@ -172,7 +175,7 @@ class CheckpointDir:
             (self.root / f"{TMP_PREFIX}latest").unlink(missing_ok=True)
             raise
         if score is not None and self._better(score):
-            _write_atomically(self.root / "best", json.dumps({"name": final.name, "value": score}) + "\n")
+            write_atomically(self.root / "best", json.dumps({"name": final.name, "value": score}) + "\n")
         self.prune()
         return final
 

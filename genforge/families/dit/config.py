@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from genforge.config.base import StrictModel
 from genforge.diffusion.config import DiffusionConfig
@@ -18,11 +18,27 @@ DIT_SIZE_NAMES = tuple(f"{s}/{p}" for s in ("S", "B", "L", "XL") for p in (2, 4,
 
 
 class LatentConfig(StrictModel):
-    """How pixels become the tensor DiT models. `space_to_depth` is the parameter-free stand-in codec."""
+    """How pixels become the tensor DiT models: a trained continuous tokenizer (a klvae run), or
+    `space_to_depth`, the parameter-free stand-in codec."""
 
-    codec: Literal["space_to_depth"] = "space_to_depth"
-    factor: int = Field(2, ge=1, le=16)
-    scale: float = Field(1.0, gt=0.0, description="latent = encode(x) * scale (the VAE's scale factor)")
+    codec: Literal["space_to_depth", "tokenizer"] = "space_to_depth"
+    tokenizer: str | None = Field(None, description="codec=tokenizer: run directory of a trained tokenizer (its "
+                                                    "latest checkpoint's EMA weights encode and decode)")
+    factor: int = Field(2, ge=1, le=16, description="codec=space_to_depth: downsampling factor")
+    scale: float = Field(1.0, gt=0.0, description="codec=space_to_depth: latent = encode(x) * scale "
+                                                   "(a tokenizer brings its own scale factor)")
+
+    @model_validator(mode="after")
+    def _tokenizer_for_tokenizer_codec(self) -> "LatentConfig":
+        if self.codec == "tokenizer" and not self.tokenizer:
+            raise ValueError("model.latent.tokenizer (a tokenizer run directory) is required when "
+                             "model.latent.codec is 'tokenizer'")
+        if self.codec == "space_to_depth" and self.tokenizer:
+            raise ValueError("model.latent.tokenizer applies to model.latent.codec=tokenizer")
+        if self.codec == "tokenizer" and (self.factor, self.scale) != (2, 1.0):
+            raise ValueError("model.latent.factor and scale apply to codec=space_to_depth; a tokenizer's downsampling "
+                             "and scale factor come from its checkpoint")
+        return self
 
 
 class DiTConfig(StrictModel):
@@ -65,22 +81,26 @@ class DiTConfig(StrictModel):
             raise ValueError(
                 f"model.hidden_size={dims['hidden_size']} must be divisible by model.num_heads={dims['num_heads']}"
             )
-        factor = self.latent.factor if self.latent else 1
-        if run.data.image_size % factor:
-            raise ValueError(
-                f"data.image_size={run.data.image_size} must be divisible by model.latent.factor={factor}"
-            )
-        grid = run.data.image_size // factor
-        if grid % dims["patch_size"]:
-            raise ValueError(
-                f"data.image_size={run.data.image_size} (model input {grid}) must be divisible by "
-                f"model.patch_size={dims['patch_size']} (size {self.size})"
-            )
+        tokenizer = self.latent is not None and self.latent.codec == "tokenizer"
+        if run.data.source == "cache" and not tokenizer:
+            raise ValueError("data.source=cache needs model.latent.codec=tokenizer and model.latent.tokenizer set "
+                             "to the tokenizer run that wrote the cache (it decodes the samples)")
+        if not tokenizer:  # a tokenizer's downsampling is known once it is loaded (DiTTask checks it then)
+            self.check_grid(run.data.image_size, self.latent.factor if self.latent else 1, "model.latent.factor")
         if self.diffusion.sample_steps > self.diffusion.num_timesteps:
             raise ValueError(
                 f"model.diffusion.sample_steps={self.diffusion.sample_steps} must be <= "
                 f"model.diffusion.num_timesteps={self.diffusion.num_timesteps}"
             )
+
+    def check_grid(self, image_size: int, downsample: int, source: str) -> None:
+        """The model input (image_size / downsample) must tile into patches (ValueError naming `source`)."""
+        patch = self.dims()["patch_size"]
+        if image_size % downsample:
+            raise ValueError(f"data.image_size={image_size} must be divisible by {source}={downsample}")
+        if (image_size // downsample) % patch:
+            raise ValueError(f"data.image_size={image_size} (model input {image_size // downsample}) must be "
+                             f"divisible by model.patch_size={patch} (size {self.size})")
 
     def build_task(self, run: "RunConfig", data: "DataInfo") -> "Task":
         from genforge.families.dit.task import DiTTask

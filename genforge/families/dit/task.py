@@ -24,9 +24,9 @@ class DiTTask(Task):
     def __init__(self, cfg: DiTConfig, run: "RunConfig", data: "DataInfo") -> None:
         super().__init__()
         self.cfg = cfg
-        self.codec = SpaceToDepthCodec(data.channels, cfg.latent.factor, cfg.latent.scale) if cfg.latent else None
-        self.channels = self.codec.latent_channels if self.codec else data.channels
-        self.input_size = data.image_size // (self.codec.downsample if self.codec else 1)
+        self.latent_codec = self._build_codec(cfg, run, data)  # frozen; None: DiT models pixels
+        self.channels = self.latent_codec.latent_channels if self.latent_codec else data.channels
+        self.input_size = data.image_size // (self.latent_codec.downsample if self.latent_codec else 1)
         self.num_classes = 0
         if cfg.conditioning == "class":
             self.num_classes = cfg.num_classes or data.num_classes
@@ -45,15 +45,47 @@ class DiTTask(Task):
         self.diffusion = cfg.diffusion.build()
         self._samplers: dict[tuple[str, int], Any] = {}
 
+    @staticmethod
+    def _build_codec(cfg: DiTConfig, run: "RunConfig", data: "DataInfo") -> torch.nn.Module | None:
+        """The latent codec of `model.latent`: the stand-in, or a tokenizer run's (checked against a cache)."""
+        if cfg.latent is None:
+            return None
+        if cfg.latent.codec == "space_to_depth":
+            return SpaceToDepthCodec(data.channels, cfg.latent.factor, cfg.latent.scale)
+        from genforge.config import ConfigError
+        from genforge.data.cache import check_cache
+        from genforge.engine.checkpoint import CheckpointReadError
+        from genforge.engine.runs import load_codec
+
+        try:
+            codec, info = load_codec(cfg.latent.tokenizer, device=torch.get_default_device())
+        except (ConfigError, CheckpointReadError) as err:
+            raise ConfigError(f"model.latent.tokenizer: {err}") from None
+        if info.kind != "latent":
+            raise ValueError(f"model.latent.tokenizer={cfg.latent.tokenizer} is a {info.family!r} tokenizer of "
+                             "discrete tokens; DiT models continuous latents (use a klvae run)")
+        check_cache(data, info, run.data.path)
+        cfg.check_grid(data.image_size, info.downsample, f"the downsampling of {cfg.latent.tokenizer}")
+        return codec
+
     def ema_module(self) -> torch.nn.Module:
         return self.model
+
+    def train(self, mode: bool = True) -> "DiTTask":
+        """Train mode for the DiT; the codec stays frozen in eval mode."""
+        super().train(mode)
+        if self.latent_codec is not None:
+            self.latent_codec.eval()
+        return self
 
     def to_model_space(self, batch: Batch) -> Tensor:
         """The tensor diffusion runs on: cached latents, codec latents, or pixels."""
         if "latent" in batch:
             return batch["latent"]
-        image = batch["image"]
-        return self.codec.encode(image) if self.codec else image
+        if self.latent_codec is None:
+            return batch["image"]
+        with torch.no_grad():
+            return self.latent_codec.encode(batch["image"])
 
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         x = self.to_model_space(batch)  # [B, C, h, w]
@@ -108,7 +140,7 @@ class DiTTask(Task):
             if s["cfg_scale"] > 1.0:
                 null = {"y": torch.full_like(kwargs["y"], self.num_classes)}
                 model_fn = classifier_free_guidance(self.model, s["cfg_scale"], null, out_channels=self.channels)
-        clip = self.codec is None  # pixels live in [-1, 1]; latents have no fixed range
+        clip = self.latent_codec is None  # pixels live in [-1, 1]; latents have no fixed range
         if s["sampler"] == "ddim":
             x = diffusion.ddim_sample_loop(model_fn, shape, model_kwargs=kwargs, clip_denoised=clip,
                                            generator=generator, eta=s["ddim_eta"],
@@ -116,5 +148,5 @@ class DiTTask(Task):
         else:
             x = diffusion.p_sample_loop(model_fn, shape, model_kwargs=kwargs, clip_denoised=clip,
                                         generator=generator, progress=bool(opts.get("progress")))
-        images = self.codec.decode(x) if self.codec else x
+        images = self.latent_codec.decode(x) if self.latent_codec else x
         return images.clamp(-1, 1)

@@ -1,0 +1,80 @@
+"""A stand-in tokenizer run for the cache tests (the tokenizer families are tested on their own): a run
+directory with a checkpoint, whose task's `codec()` is an exact space-to-depth codec (latents), a colour
+quantizer (tokens) or None (not a tokenizer). `load_run` is patched to open such a run; everything else
+(`load_codec`, hashing, `genforge encode`, DiT's tokenizer codec) runs unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from genforge.config import load_config, to_yaml
+from genforge.engine import runs
+from genforge.engine.checkpoint import CheckpointDir, save_tensors
+from genforge.engine.task import Task
+from genforge.nn.codec import SpaceToDepthCodec
+
+MARKER = "fake-tokenizer.json"
+
+
+class FakeTokenCodec(nn.Module):
+    """ids [B, H/2, W/2] in [0, 64): each 2x2 block's mean colour, 4 levels per channel."""
+
+    codebook_size = 64
+    downsample = 2
+
+    def encode(self, image: Tensor) -> Tensor:
+        q = ((F.avg_pool2d(image, 2) + 1) * 2).clamp(0, 3.999).long()  # [B, 3, h, w] in 0..3
+        return q[:, 0] * 16 + q[:, 1] * 4 + q[:, 2]
+
+    def decode(self, ids: Tensor) -> Tensor:
+        levels = torch.stack([ids // 16, ids // 4 % 4, ids % 4], dim=1).float()  # [B, 3, h, w]
+        return F.interpolate(levels / 2 - 0.75, scale_factor=2, mode="nearest")
+
+
+class FakeTokenizer(Task):
+    def __init__(self, scale: float, kind: str | None) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(float(scale)))  # its "weights": another scale, another hash
+        self.the_codec = {"latent": SpaceToDepthCodec(3, 2, scale), "tokens": FakeTokenCodec(), None: None}[kind]
+
+    def codec(self) -> nn.Module | None:
+        return self.the_codec
+
+
+def make_fake_tokenizer(run_dir: Path, scale: float = 0.5, kind: str | None = "latent",
+                        data: tuple[str, ...] = ("data.shapes.n=40",)) -> Path:
+    """A tokenizer run directory; its config's data section is dit-latent-debug's (16 px shapes) + `data`."""
+    run_dir = Path(run_dir)
+    ckpt = run_dir / "checkpoints" / "step-000001"
+    ckpt.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(load_config("dit-latent-debug", list(data))))
+    for name in ("model", "ema"):
+        save_tensors(ckpt / f"{name}.safetensors", {"scale": torch.tensor(float(scale))})
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 1}))
+    (run_dir / "checkpoints" / "latest").write_text("step-000001\n")
+    (run_dir / MARKER).write_text(json.dumps({"scale": scale, "kind": kind}))
+    return run_dir
+
+
+@pytest.fixture
+def fake_tokenizer(monkeypatch):
+    """`make_fake_tokenizer`, with `load_run` able to open what it makes."""
+    real = runs.load_run
+
+    def load_run(run_dir, device="cpu", ema=True):
+        marker = Path(run_dir) / MARKER
+        if not marker.is_file():
+            return real(run_dir, device, ema)
+        with torch.device(device):
+            task = FakeTokenizer(**json.loads(marker.read_text()))
+        ckpt = CheckpointDir(Path(run_dir) / "checkpoints").latest()
+        return runs.LoadedRun(load_config(str(Path(run_dir) / "config.yaml")), task.eval(), 1, ckpt)
+
+    monkeypatch.setattr(runs, "load_run", load_run)
+    return make_fake_tokenizer
