@@ -110,11 +110,12 @@ def sample(
         _fail(f"--prompt: family {run.config.model.family!r} is not text-conditioned")
     opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale, "label": label}.items() if v is not None}
     try:
-        images, _ = generate(run.task, n, seed, device, progress=True, **opts)
+        images, cond = generate(run.task, n, seed, device, progress=True, **opts)
     except ValueError as err:
         _fail(str(err))
     path = out or run_dir / "samples" / f"sample-step{run.step:06d}-seed{seed}.png"
-    save_grid(images, path)
+    grid, nrow = run.task.preview(cond, images)
+    save_grid(grid, path, nrow)
     typer.echo(f"wrote {n} samples ({json.dumps(run.task.sampler_settings(**opts))}) to {path}")
 
 

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from genforge.config import load_config
 from genforge.data.loader import StepBatchSampler, build_dataset, collate, data_info
 from genforge.engine.random import BatchRandom
 from genforge.engine.task import Task
+from genforge.engine.trainer import Trainer
 
 
 class FamilyContract:
     preset: str  # a debug preset of the family: tiny, a few CPU seconds
+    overrides: tuple[str, ...] = ()  # --set overrides on top of the preset (a variant of the family)
 
-    def build(self, overrides=()):
+    def build(self):
         torch.manual_seed(0)
-        cfg = load_config(self.preset, list(overrides))
+        cfg = load_config(self.preset, list(self.overrides))
         dataset = build_dataset(cfg.data)
         task = cfg.model.build_task(cfg, data_info(dataset, cfg.data))
         batch = collate([dataset[item] for item in next(iter(StepBatchSampler(len(dataset), cfg.train.batch_size)))])
@@ -70,3 +74,32 @@ class FamilyContract:
         _, task, _ = self.build()
         ids = {id(p) for p in task.parameters()}
         assert all(id(p) in ids for p in task.ema_module().parameters())
+
+    def test_resume_is_bit_identical(self, tmp_path):
+        """N steps straight == N/2 steps, stop, the same command again (weights, EMA, family state, losses)."""
+        overrides = [*self.overrides, "train.steps=4", "train.checkpoint_every=2", "train.log_every=1", "train.sample_every=0",
+                     "eval.every=0"]
+
+        def train(run_dir, stop_at=None):
+            torch.manual_seed(123)  # what a new process would not share: the trainer must not depend on it
+            Trainer(load_config(self.preset, overrides), run_dir).fit(stop_at=stop_at)
+
+        def state(run_dir):
+            ckpt = Path(run_dir) / "checkpoints" / "step-000004"
+            trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
+            return (load_file(str(ckpt / "model.safetensors")), load_file(str(ckpt / "ema.safetensors")),
+                    trainer_state["family_state"])
+
+        def losses(run_dir):
+            return [{k: v for k, v in r.items() if k not in ("time", "samples_per_s")}
+                    for r in map(json.loads, open(Path(run_dir) / "metrics.jsonl"))]
+
+        train(tmp_path / "straight")
+        train(tmp_path / "resumed", stop_at=2)
+        train(tmp_path / "resumed")
+        (model_a, ema_a, family_a), (model_b, ema_b, family_b) = state(tmp_path / "straight"), state(tmp_path / "resumed")
+        assert model_a.keys() == model_b.keys() and ema_a.keys() == ema_b.keys()
+        assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+        assert all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
+        assert family_a == family_b
+        assert losses(tmp_path / "straight") == losses(tmp_path / "resumed")

@@ -114,7 +114,8 @@ class EvalConfig(StrictModel):
     """Periodic evaluation during training (also the defaults of `genforge eval`)."""
 
     every: int = Field(0, ge=0, description="0: no evaluation during training")
-    metrics: list[MetricName] = ["judge"]
+    metrics: list[MetricName] | None = Field(None, description="default: the family's (generators: judge; "
+                                                               "tokenizers: psnr, ssim, and codebook if discrete)")
     n: int = Field(256, gt=0)
 
 

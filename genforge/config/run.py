@@ -25,6 +25,8 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        if self.eval.metrics is None:
+            self.eval.metrics = list(self.model.default_metrics)
         if self.train.keep_best is not None:
             if not self.eval.every:
                 raise ValueError("train.keep_best needs evaluation during training: set eval.every > 0")

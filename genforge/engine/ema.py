@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 
 class EMA:
-    """fp32 shadow copy of `module`'s floating-point parameters and buffers.
+    """fp32 shadow copy of `module`'s trainable parameters (buffers, e.g. an EMA-updated codebook, stay live).
 
     decay_n = min(decay, (1 + n) / (10 + n)) with warm-up, where n counts updates since `start`;
     before `start` the shadow copies the weights.

@@ -1,6 +1,6 @@
 """The Task contract: the whole interface a family implements (shared/DESIGN.md).
 
-The trainer only ever calls `loss`, `sample`, `parameters_for`, `ema_module` and the checkpoint hooks;
+The trainer only ever calls `loss`, `sample`, `preview`, `parameters_for`, `ema_module` and the checkpoint hooks;
 it never branches on the family. A phase is a name ("main"; VQGAN: "generator", "discriminator"), each
 with its own optimizer.
 """
@@ -49,6 +49,11 @@ class Task(nn.Module):
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
         """Conditions for `n` samples, e.g. a balanced set of labels or the `label` in opts."""
         return Batch()
+
+    def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int | None]:
+        """What a sample grid shows for `sample(cond)` = `images`, and its images per row (None: square).
+        Tokenizers show each row of originals above its reconstructions."""
+        return images, None
 
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
         """The sampler settings `sample(**opts)` resolves to (recorded with evaluation results)."""

@@ -316,9 +316,9 @@ class Trainer:
         self.task.eval()
         with self.ema.swapped_in():
             cond = self.task.sample_conditions(self.cfg.train.num_samples, gen)
-            images = self.task.sample(cond, gen)
+            images, nrow = self.task.preview(cond, self.task.sample(cond, gen))
         self.task.train()
-        path = save_grid(images, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png")
+        path = save_grid(images, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png", nrow)
         self.logger.image(self.step, "samples", path)
         return path
 

@@ -2,5 +2,6 @@
 a docs page and a test module that reuses the shared contract test; the engine is not edited."""
 
 from genforge.families.dit.config import DiTConfig
+from genforge.families.klvae.config import KLVAEConfig
 
-FAMILY_CONFIGS = (DiTConfig,)
+FAMILY_CONFIGS = (DiTConfig, KLVAEConfig)

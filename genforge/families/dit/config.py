@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -45,6 +45,7 @@ class DiTConfig(StrictModel):
     """DiT size from the paper's zoo, optionally overridden dimension by dimension."""
 
     family: Literal["dit"] = "dit"
+    default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
     size: str = Field("S/2", description="one of S|B|L|XL / 2|4|8")
     depth: int | None = Field(None, gt=0)
     hidden_size: int | None = Field(None, gt=0)

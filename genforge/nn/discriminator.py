@@ -1,0 +1,58 @@
+"""The patch discriminator and GAN terms of VQGAN (Esser et al. 2021, "Taming Transformers", sec. 3.2).
+
+PatchGAN (Isola et al. 2017): a stack of stride-2 convolutions whose output is one real/fake logit per
+overlapping patch. GroupNorm instead of taming's BatchNorm, as MUSE's VQGAN does: batch statistics would couple
+real and fake batches and break the gradient penalty.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with the largest of 32, 16, ..., 1 groups that divides `channels`."""
+    groups = next(g for g in (32, 16, 8, 4, 2, 1) if channels % g == 0)
+    return nn.GroupNorm(groups, channels)
+
+
+class PatchDiscriminator(nn.Module):
+    """image [B, C, H, W] -> logits [B, 1, h, w]; `num_layers` stride-2 convolutions (receptive field 70 px
+    at 3 layers); the input side must be at least 2**num_layers * 4 pixels."""
+
+    def __init__(self, in_channels: int = 3, channels: int = 64, num_layers: int = 3) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, channels, 4, 2, 1), nn.LeakyReLU(0.2)]
+        width = channels
+        for n in range(1, num_layers + 1):
+            stride = 2 if n < num_layers else 1  # the last widening conv keeps the resolution
+            out = channels * min(2**n, 8)
+            layers += [nn.Conv2d(width, out, 4, stride, 1, bias=False), group_norm(out), nn.LeakyReLU(0.2)]
+            width = out
+        layers.append(nn.Conv2d(width, 1, 4, 1, 1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, image: Tensor) -> Tensor:
+        return self.net(image)
+
+
+def hinge_discriminator_loss(real_logits: Tensor, fake_logits: Tensor) -> Tensor:
+    """Hinge loss (Lim & Ye 2017): ½·(E[relu(1 − D(x))] + E[relu(1 + D(x̂))])."""
+    return 0.5 * (F.relu(1.0 - real_logits).mean() + F.relu(1.0 + fake_logits).mean())
+
+
+def r1_penalty(real_logits: Tensor, real: Tensor) -> Tensor:
+    """R1 gradient penalty (Mescheder et al. 2018, eq. 9 without γ/2): E‖∇ₓ D(x)‖² on real images; `real`
+    must require grad before D is applied."""
+    (grad,) = torch.autograd.grad(real_logits.sum(), real, create_graph=True)
+    return grad.float().square().flatten(1).sum(1).mean()
+
+
+def adaptive_weight(nll: Tensor, generator_loss: Tensor, last_layer: Tensor, max_weight: float = 1e4) -> Tensor:
+    """λ = ‖∇_L nll‖ / (‖∇_L g‖ + 1e-4), clamped to [0, max_weight], detached (taming eq. 7), with L the
+    decoder's last layer: balances the adversarial term against the reconstruction term."""
+    (nll_grad,) = torch.autograd.grad(nll, last_layer, retain_graph=True)
+    (g_grad,) = torch.autograd.grad(generator_loss, last_layer, retain_graph=True)
+    return (nll_grad.norm() / (g_grad.norm() + 1e-4)).clamp(0.0, max_weight).detach()
