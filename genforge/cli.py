@@ -38,8 +38,14 @@ def train(
         _fail(str(err))
     target = run_dir or Path("runs") / cfg.name
     if dry_run:
-        from genforge.engine.runs import build_task, count_parameters
+        from genforge.engine.runs import build_task, count_parameters, missing_inputs
 
+        missing = missing_inputs(cfg)
+        if missing:  # a pipeline stage whose inputs earlier stages make: the config is valid, the model unknown
+            typer.echo(to_yaml(cfg).rstrip())
+            typer.echo("# parameters: not counted until these inputs exist: " + "; ".join(missing))
+            typer.echo(f"# run directory: {target}")
+            return
         try:
             task = build_task(cfg, device="meta")
         except (ValueError, FileNotFoundError) as err:
@@ -136,7 +142,7 @@ def evaluate(
     opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale}.items() if v is not None}
     try:
         results = evaluate_task(run.task, run.config, names, n or run.config.eval.n, seed, device, **opts)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights
         _fail(str(err))
     out = run_dir / "eval" / f"{run.step}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from genforge.cli import app
-from genforge.config import list_presets
+
 
 runner = CliRunner()
 
@@ -72,7 +72,6 @@ def test_encode_refuses_a_folder_that_is_not_a_run(tmp_path):
     assert out.exit_code == 2 and "not a run directory" in out.stderr
 
 
-@pytest.mark.skipif("klvae-debug" not in list_presets(), reason="the klvae-debug preset is not there yet")
 def test_klvae_encode_dit_sample(tmp_path):
     """The real pipeline: KL-VAE on shapes -> encode -> DiT on the cached latents -> decoded samples."""
     vae, cache, dit = tmp_path / "vae", tmp_path / "cache", tmp_path / "dit"

@@ -30,6 +30,18 @@ def build_task(cfg: RunConfig, device: torch.device | str = "cpu") -> Task:
         return cfg.model.build_task(cfg, info)
 
 
+def missing_inputs(cfg: RunConfig) -> list[str]:
+    """Inputs of `cfg` that earlier pipeline stages write and that do not exist yet: a cache folder, a
+    tokenizer run (`model.input_runs()`), as "field=path (what writes it)"."""
+    missing = []
+    if cfg.data.source == "cache" and not (Path(cfg.data.path) / "cache.json").is_file():
+        missing.append(f"data.path={cfg.data.path} (written by `genforge encode`)")
+    for field, path in cfg.model.input_runs().items():
+        if not (Path(path) / "checkpoints" / "latest").is_file():
+            missing.append(f"{field}={path} (a trained run)")
+    return missing
+
+
 def count_parameters(task: Task) -> dict[str, int]:
     """Trainable parameters per phase and in total."""
     counts = {phase: sum(p.numel() for p in task.parameters_for(phase)) for phase in task.phases}

