@@ -148,6 +148,8 @@ def evaluate(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"step": run.step, **results}, indent=1))
     for key, value in results.items():
+        if isinstance(value, list):
+            value = f"{len(value)} values, in the JSON"
         typer.echo(f"{key:>16}: {value:.4f}" if isinstance(value, float) else f"{key:>16}: {value}")
     typer.echo(f"wrote {out}")
 

@@ -91,6 +91,20 @@ class RunLogger:
         if self.wandb:
             self.wandb.log(values, step=step)
 
+    def histogram(self, step: int, tag: str, counts: list[int]) -> None:
+        """A histogram of integer values given as the count of each value 0..len(counts)-1 (e.g. code ids)."""
+        values = np.arange(len(counts), dtype=np.float64)
+        weights = np.asarray(counts, dtype=np.float64)
+        if self.tb and weights.sum() > 0:
+            self.tb.add_histogram_raw(tag, min=0, max=len(counts) - 1, num=int(weights.sum()),
+                                      sum=float(values @ weights), sum_squares=float(values**2 @ weights),
+                                      bucket_limits=(values + 0.5).tolist(), bucket_counts=counts, global_step=step)
+        if self.wandb:
+            import wandb
+
+            self.wandb.log({tag: wandb.Histogram(np_histogram=(weights, np.arange(len(counts) + 1) - 0.5))},
+                           step=step)
+
     def image(self, step: int, tag: str, grid_path: Path) -> None:
         if self.tb:
             self.tb.add_image(tag, np.asarray(Image.open(grid_path)), step, dataformats="HWC")

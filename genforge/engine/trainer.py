@@ -337,6 +337,9 @@ class Trainer:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"step": self.step, **results}, indent=1))
         self.logger.scalars(self.step, {f"eval/{k}": v for k, v in results.items() if isinstance(v, float)})
+        for k, v in results.items():
+            if k.endswith("_histogram"):
+                self.logger.histogram(self.step, f"eval/{k}", v)
         self.last_eval = {"step": self.step, **results}
         return results
 

@@ -107,7 +107,7 @@ def perceptual_metric(device: str) -> nn.Module:
 def evaluate_tokenizer(codec: nn.Module, cfg: RunConfig, metrics: list[str], n: int, device: torch.device | str,
                        batch_size: int = 32) -> dict[str, Any]:
     """Encode and decode `n` held-out images; per-image means of psnr, ssim, perceptual (reconstructions
-    clamped to [-1, 1]) and, for a TokenCodec, codebook usage over all the ids."""
+    clamped to [-1, 1]) and, for a TokenCodec, codebook usage over all the ids and their histogram."""
     from genforge.eval.tokenizer_metrics import CodebookUsage, psnr, ssim
     from genforge.nn.codec import TokenCodec
 
@@ -135,4 +135,5 @@ def evaluate_tokenizer(codec: nn.Module, cfg: RunConfig, metrics: list[str], n: 
     results.update({name: total / count for name, total in per_image.items()})
     if usage is not None:
         results.update(usage.compute())
+        results["codebook_histogram"] = usage.counts.tolist()  # uses of each code id, for the histogram
     return results

@@ -19,6 +19,15 @@ def ssim(x: Tensor, y: Tensor) -> Tensor:
     return structural_similarity_index_measure(x.float(), y.float(), data_range=DATA_RANGE, reduction="none")
 
 
+def batch_codebook_usage(ids: Tensor, codebook_size: int) -> dict[str, Tensor]:
+    """Training-time logs of one batch's token ids: share of the codebook used, perplexity exp(H) of their
+    histogram (tensors; no host sync)."""
+    counts = torch.bincount(ids.detach().reshape(-1), minlength=codebook_size).float()
+    p = counts / counts.sum()
+    entropy = -torch.special.xlogy(p, p).sum()
+    return {"codebook_usage": (counts > 0).float().mean(), "codebook_perplexity": entropy.exp()}
+
+
 class CodebookUsage:
     """Code counts over an evaluation pass: share of codes used, perplexity exp(H) of the code distribution
     (codebook_size when every code is equally frequent), and the number of codes never used (dead)."""

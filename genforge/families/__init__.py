@@ -2,6 +2,8 @@
 a docs page and a test module that reuses the shared contract test; the engine is not edited."""
 
 from genforge.families.dit.config import DiTConfig
+from genforge.families.dvae.config import DVAEConfig
 from genforge.families.klvae.config import KLVAEConfig
+from genforge.families.vqgan.config import VQGANConfig
 
-FAMILY_CONFIGS = (DiTConfig, KLVAEConfig)
+FAMILY_CONFIGS = (DiTConfig, DVAEConfig, KLVAEConfig, VQGANConfig)

@@ -63,7 +63,8 @@ def test_exact_codec_scores_perfectly_on_held_out_images(cfg):
 
 def test_token_codec_reports_codebook_usage(cfg):
     results = evaluate_task(Tokenizer(GreyCodec()), cfg, ["psnr", "codebook"], n=6, seed=0, device="cpu")
-    assert set(results) == {"n", "split", *METRIC_RESULTS["psnr"], *METRIC_RESULTS["codebook"]}
+    assert set(results) == {"n", "split", *METRIC_RESULTS["psnr"], *METRIC_RESULTS["codebook"], "codebook_histogram"}
+    assert len(results["codebook_histogram"]) == 16 and sum(results["codebook_histogram"]) == 6 * 16 * 16
     assert 5 < results["psnr"] < 60
     assert results["codebook_usage"] == (16 - results["codebook_dead"]) / 16
     assert 1 <= results["codebook_perplexity"] <= 16 - results["codebook_dead"]

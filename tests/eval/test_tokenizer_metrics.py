@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from genforge.eval.tokenizer_metrics import CodebookUsage, psnr, ssim
+from genforge.eval.tokenizer_metrics import CodebookUsage, batch_codebook_usage, psnr, ssim
 
 
 def images(seed: int = 0, shape=(3, 3, 16, 16)) -> torch.Tensor:
@@ -57,3 +57,10 @@ def test_codebook_usage_errors():
         usage.update(torch.tensor([0, 4]))
     with pytest.raises(ValueError):
         usage.update(torch.tensor([-1]))
+
+
+def test_batch_codebook_usage_and_perplexity():
+    logs = batch_codebook_usage(torch.tensor([0, 1, 2, 3]), 8)
+    assert logs["codebook_usage"].item() == 0.5 and logs["codebook_perplexity"].item() == pytest.approx(4.0)
+    logs = batch_codebook_usage(torch.zeros(10, dtype=torch.long), 8)
+    assert logs["codebook_usage"].item() == 1 / 8 and logs["codebook_perplexity"].item() == pytest.approx(1.0)

@@ -30,9 +30,7 @@ def build_autoencoder_kl(cfg: KLVAEConfig, channels: int) -> AutoencoderKL:
     return AutoencoderKL(
         in_channels=channels, out_channels=channels,
         down_block_types=("DownEncoderBlock2D",) * levels, up_block_types=("UpDecoderBlock2D",) * levels,
-        block_out_channels=tuple(cfg.block_out_channels), layers_per_block=cfg.layers_per_block,
-        latent_channels=cfg.latent_channels, norm_num_groups=cfg.norm_num_groups,
-        mid_block_add_attention=cfg.mid_block_attention,
+        latent_channels=cfg.latent_channels, **cfg.stack_kwargs(),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from genforge.config.base import StrictModel
 
@@ -68,3 +68,36 @@ class TokenizerConfig(StrictModel):
         if "judge" in (run.eval.metrics or ()):
             raise ValueError(f"eval.metrics: 'judge' scores generators; tokenizer metrics are psnr, ssim, "
                              "perceptual, codebook")
+
+
+class ConvStackConfig(TokenizerConfig):
+    """The encoder/decoder stacks of diffusers' VAEs (resnet blocks per level, a middle block with attention),
+    shared by klvae and vqgan."""
+
+    block_out_channels: list[int] = Field([64, 128], min_length=1, max_length=6,
+                                          description="channels per level; downsampling 2**(levels - 1)")
+    layers_per_block: int = Field(1, ge=1, le=4)
+    norm_num_groups: int = Field(32, ge=1, description="GroupNorm groups; must divide every block_out_channels")
+    mid_block_attention: bool = True
+
+    @field_validator("block_out_channels")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(c <= 0 for c in value):
+            raise ValueError(f"channels must be positive, got {value}")
+        return value
+
+    def downsample(self) -> int:
+        return 2 ** (len(self.block_out_channels) - 1)
+
+    def stack_kwargs(self) -> dict:
+        """Keyword arguments of diffusers' Encoder/Decoder for this architecture."""
+        return dict(block_out_channels=tuple(self.block_out_channels), layers_per_block=self.layers_per_block,
+                    norm_num_groups=self.norm_num_groups, mid_block_add_attention=self.mid_block_attention)
+
+    def check_run(self, run: "RunConfig") -> None:
+        super().check_run(run)
+        bad = [c for c in self.block_out_channels if c % self.norm_num_groups]
+        if bad:
+            raise ValueError(f"model.block_out_channels {bad} must be divisible by model.norm_num_groups="
+                             f"{self.norm_num_groups}")

@@ -1,0 +1,38 @@
+"""vqgan as a Task: rec + perceptual + quantizer loss + adaptive patch-GAN (taming's VQLPIPSWithDiscriminator,
+MUSE's VQGanVAE), the discriminator as the second phase (genforge/families/tokenizer/task.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from genforge.engine.random import BatchRandom
+from genforge.eval.tokenizer_metrics import batch_codebook_usage
+from genforge.families.tokenizer.task import TokenizerTask
+from genforge.families.vqgan.config import VQGANConfig
+from genforge.families.vqgan.model import VQAutoencoder
+
+if TYPE_CHECKING:
+    from genforge.config.run import RunConfig
+    from genforge.data.loader import DataInfo
+
+
+class VQGANTask(TokenizerTask):
+    """Trains a VQAutoencoder; its codec's token ids are what MaskGIT models."""
+
+    def __init__(self, cfg: VQGANConfig, run: "RunConfig", data: "DataInfo") -> None:
+        super().__init__(cfg, run, data)
+        self.autoencoder = VQAutoencoder(cfg, data.channels)
+
+    def autoencode(self, image: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        ae = self.autoencoder
+        z = ae.encode_latent(image)  # [B, z, h, w]
+        # codebook statistics only from training passes (the discriminator's fallback pass runs in eval mode)
+        q = ae.quantize(z, step if ae.training else None, rng)
+        recon = ae.decode_latent(q.zq)  # [B, C, H, W]
+        return recon, q.loss, {**q.logs, **batch_codebook_usage(q.ids, ae.codebook_size)}
+
+    def last_layer(self) -> Tensor:
+        return self.autoencoder.decoder.conv_out.weight

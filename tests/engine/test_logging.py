@@ -1,0 +1,41 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from genforge.config.base import LogConfig
+from genforge.engine.logging import RunLogger, image_grid
+
+
+def test_scalars_go_to_jsonl_and_a_resumed_run_drops_what_came_after_its_checkpoint(tmp_path):
+    logger = RunLogger(tmp_path, LogConfig(tensorboard=False, progress=False))
+    for step in (1, 2, 3):
+        logger.scalars(step, {"loss": float(step)})
+    logger.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')  # torn by kill -9
+    RunLogger(tmp_path, LogConfig(tensorboard=False, progress=False), resume_step=2).close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+
+
+def test_histogram_of_code_counts_reaches_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = RunLogger(tmp_path, LogConfig(tensorboard=True, progress=False))
+    logger.histogram(5, "eval/codebook_histogram", [3, 0, 1, 0])
+    logger.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"histograms": 0})
+    events.Reload()
+    (event,) = events.Histograms("eval/codebook_histogram")
+    assert event.step == 5
+    assert event.histogram_value.num == 4 and event.histogram_value.sum == 0 * 3 + 2 * 1
+    assert list(event.histogram_value.bucket) == [3, 0, 1, 0]
+
+
+def test_image_grid_pads_and_maps_minus_one_one_to_uint8():
+    grid = image_grid(torch.stack([-torch.ones(3, 4, 4), torch.ones(3, 4, 4)]), nrow=2, pad=2)
+    assert grid.dtype == np.uint8 and grid.shape == (4 + 2 * 2, 2 * 4 + 3 * 2, 3)
+    assert grid[2, 2].tolist() == [0, 0, 0] and grid[2, 2 + 4 + 2].tolist() == [255, 255, 255]

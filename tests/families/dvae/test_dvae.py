@@ -1,0 +1,174 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genforge.config import ConfigError, load_config
+from genforge.data.loader import DataInfo, scan_data_info
+from genforge.engine.random import BatchRandom
+from genforge.families.dvae.task import gumbel_softmax, kl_to_uniform
+from genforge.nn.codec import TokenCodec
+
+
+def build(overrides=(), data=None):
+    torch.manual_seed(0)
+    cfg = load_config("dvae-debug", list(overrides))
+    return cfg, cfg.model.build_task(cfg, data or scan_data_info(cfg.data))
+
+
+def images(n=4, size=16, channels=3):
+    return torch.rand(n, channels, size, size, generator=torch.Generator().manual_seed(1)) * 2 - 1
+
+
+# ------------------------------------------------------------------------------------------- codec
+def test_encode_decode_shapes_and_id_range():
+    cfg, task = build()
+    codec = task.codec()
+    assert isinstance(codec, TokenCodec) and codec.downsample == 4 and codec.codebook_size == 32
+    with torch.no_grad():
+        ids = codec.encode(images())
+        assert ids.shape == (4, 4, 4) and ids.dtype == torch.long
+        assert ids.min() >= 0 and ids.max() < 32
+        out = codec.decode(ids)
+        assert out.shape == (4, 3, 16, 16)
+        one_hot = F.one_hot(ids, 32).permute(0, 3, 1, 2).float()
+        torch.testing.assert_close(codec.decode_soft(one_hot), out)  # decode = decode_soft of the one-hots
+
+
+def test_rgba_needs_four_channel_data():
+    with pytest.raises(ValueError, match=r"model\.channels=4"):
+        build(["model.channels=4"])
+    _, task = build(["model.channels=4"], data=DataInfo(num_classes=0, channels=4, image_size=16))
+    with torch.no_grad():
+        assert task.codec().decode(task.codec().encode(images(channels=4))).shape == (4, 4, 16, 16)
+
+
+# -------------------------------------------------------------------------------------- schedules
+def test_temperature_schedule_start_decay_floor():
+    cfg = load_config("dvae-debug", ["model.temperature_start=2.0", "model.temperature_min=0.25",
+                                     "model.anneal_rate=0.01"]).model
+    assert cfg.temperature(0) == 2.0
+    assert cfg.temperature(50) == pytest.approx(2.0 * math.exp(-0.5))
+    assert cfg.temperature(100) < cfg.temperature(50) < cfg.temperature(0)
+    floor_step = math.ceil(math.log(2.0 / 0.25) / 0.01)
+    assert cfg.temperature(floor_step) == 0.25 and cfg.temperature(10 ** 6) == 0.25
+    assert cfg.temperature(floor_step - 2) > 0.25
+
+
+def test_kl_weight_warmup_is_linear_then_constant():
+    cfg = load_config("dvae-debug", ["model.kl_weight=0.5", "model.kl_warmup_steps=10"]).model
+    assert [cfg.kl_weight_at(s) for s in (0, 5, 10, 11, 1000)] == [0.0, 0.25, 0.5, 0.5, 0.5]
+    assert load_config("dvae-debug", ["model.kl_warmup_steps=0"]).model.kl_weight_at(0) == 0.01
+
+
+def test_regulariser_is_the_warmed_up_weight_times_the_kl():
+    _, task = build(["model.kl_weight=0.5", "model.kl_warmup_steps=4"])
+    for step, weight in ((0, 0.0), (2, 0.25), (9, 0.5)):
+        _, regulariser, logs = task.autoencode(images(), BatchRandom(0, step, 0, 4, 0, 4), step)
+        assert logs["kl_weight"].item() == weight
+        torch.testing.assert_close(regulariser, weight * logs["kl"])
+
+
+def test_checkpoint_state_is_the_schedule_at_the_next_step_and_round_trips(capsys):
+    cfg, task = build()
+    assert task.state_for_checkpoint() == {"step": 0, "temperature": 1.0, "kl_weight": 0.0}
+    task.train()
+    task.loss({"image": images(8), "rng": BatchRandom(0, 7, 0, 8, 0, 8)}, "main", 7)
+    state = task.state_for_checkpoint()
+    assert state == {"step": 8, "temperature": cfg.model.temperature(8), "kl_weight": cfg.model.kl_weight_at(8)}
+    assert state["temperature"] == 0.5  # exp(-0.1 · 8) = 0.45 is under the floor
+    task.eval()  # evaluation and previews do not move the schedule
+    with torch.no_grad():
+        task.loss({"image": images(8), "rng": BatchRandom(0, 20, 0, 8, 0, 8)}, "main", 20)
+    assert task.state_for_checkpoint() == state
+
+    _, resumed = build()
+    resumed.load_state_from_checkpoint(state)
+    assert resumed.state_for_checkpoint() == state and resumed.temperature() == state["temperature"]
+    assert capsys.readouterr().err == ""
+    _, changed = build(["model.temperature_min=0.1"])  # a changed schedule is reported, and the new one used
+    changed.load_state_from_checkpoint(state)
+    assert "temperature at step 8" in capsys.readouterr().err
+    assert changed.temperature() == math.exp(-0.1 * 8)
+
+
+# ----------------------------------------------------------------------------- Gumbel-softmax, KL
+def test_straight_through_samples_are_one_hot_and_pass_gradients():
+    logits = torch.randn(3, 10, 2, 2, requires_grad=True)
+    uniform = torch.rand(3, 10, 2, 2, generator=torch.Generator().manual_seed(0))
+    hard = gumbel_softmax(logits, uniform, 0.7, hard=True)
+    assert set(hard.detach().unique().tolist()) == {0.0, 1.0} and torch.equal(hard.sum(1), torch.ones(3, 2, 2))
+    soft = gumbel_softmax(logits, uniform, 0.7, hard=False)
+    assert torch.equal(hard.argmax(1), soft.argmax(1))  # the hard sample is the soft one's argmax
+    gumbel = -torch.log(-torch.log(uniform))
+    assert torch.equal(hard.argmax(1), (logits + gumbel).argmax(1))  # a Gumbel-max sample
+    (hard * torch.randn(3, 10, 2, 2)).sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+def test_soft_samples_are_distributions_that_harden_as_the_temperature_falls():
+    logits = torch.randn(2, 8, 3, 3)
+    uniform = torch.rand(2, 8, 3, 3, generator=torch.Generator().manual_seed(0))
+    warm, cold = gumbel_softmax(logits, uniform, 5.0, False), gumbel_softmax(logits, uniform, 0.01, False)
+    torch.testing.assert_close(warm.sum(1), torch.ones(2, 3, 3))
+    assert warm.max(1).values.max() < 0.9 and cold.max(1).values.min() > 0.99
+    assert torch.isfinite(gumbel_softmax(logits, torch.zeros_like(uniform), 1.0, False)).all()  # u = 0 is clamped
+
+
+def test_kl_to_uniform_is_zero_at_uniform_and_log_k_when_peaked():
+    assert kl_to_uniform(torch.zeros(2, 16, 3, 3)).abs().max() < 1e-6
+    peaked = torch.full((2, 16, 3, 3), -1e4)
+    peaked[:, 5] = 1e4
+    torch.testing.assert_close(kl_to_uniform(peaked), torch.full((2, 3, 3), math.log(16)))
+    logits = torch.randn(4, 16, 2, 2)  # and it is KL(q || u) = Σ q log q + log K in between
+    q = logits.softmax(1)
+    torch.testing.assert_close(kl_to_uniform(logits), (q * q.log()).sum(1) + math.log(16))
+
+
+def test_noise_comes_from_the_batch_rng_per_row():
+    """A micro-batch of rows 2..3 sees the same Gumbel noise as rows 2..3 of the whole batch."""
+    _, task = build()
+    x = images(4)
+    with torch.no_grad():
+        full = task.autoencode(x, BatchRandom(0, 3, 0, 4, 0, 4), 3)[0]
+        part = task.autoencode(x[2:], BatchRandom(0, 3, 0, 4, 2, 2), 3)[0]
+        other = task.autoencode(x, BatchRandom(0, 4, 0, 4, 0, 4), 3)[0]
+    torch.testing.assert_close(part, full[2:])
+    assert not torch.allclose(full, other)
+
+
+def test_logs_and_preview_rows():
+    _, task = build()
+    _, logs = task.loss({"image": images(8), "rng": BatchRandom(0, 0, 0, 8, 0, 8)}, "main", 0)
+    assert {"temperature", "kl", "kl_weight", "codebook_usage", "codebook_perplexity", "reconstruction"} <= set(logs)
+    assert 0 < logs["codebook_usage"] <= 1 and 1 <= logs["codebook_perplexity"] <= 32
+    task.eval()
+    gen = torch.Generator().manual_seed(0)
+    cond = task.sample_conditions(4, gen)
+    grid, nrow = task.preview(cond, task.sample(cond, gen))
+    assert nrow == 4 and grid.shape == (12, 3, 16, 16)  # originals, hard, soft
+    assert torch.equal(grid[4:8], task.reconstruct(cond["image"]).clamp(-1, 1))
+
+
+# ------------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize("overrides, field", [
+    (["model.temperature_min=2.0"], "model.temperature_min"),
+    (["model.temperature_min=2.0"], "model.temperature_start"),
+    (["model.reconstruction_loss=l1"], "model.reconstruction_loss"),
+    (["model.num_layers=6"], "model.num_layers"),
+    (["model.channels=2"], "model.channels"),
+    (["data.image_size=18"], "data.image_size"),
+])
+def test_config_errors_name_the_field(overrides, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config("dvae-debug", overrides)
+
+
+def test_defaults():
+    cfg = load_config("dvae-debug")
+    assert cfg.eval.metrics == ["psnr", "ssim", "codebook"]
+    assert cfg.model.downsample() == 4 and cfg.model.reconstruction_loss == "mse"
+    from genforge.families.dvae.config import DVAEConfig
+
+    assert DVAEConfig().perceptual.weight == 0.0 and DVAEConfig().downsample() == 8
