@@ -128,22 +128,40 @@ def sample(
 @app.command("eval")
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
-    metrics: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. judge")] = None,
-    n: Annotated[Optional[int], typer.Option(min=1, help="number of generated samples")] = None,
+    metrics: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. judge,fid,kid,is,prdc")] = None,
+    n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of generated samples (-n under "
+                                                                       "torchrun, whose parser takes --n for its own)")]
+    = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     steps: Annotated[Optional[int], typer.Option(min=1)] = None,
     cfg_scale: Annotated[Optional[float], typer.Option(min=1.0)] = None,
+    ref: Annotated[Optional[str], typer.Option(help="real images for fid/kid/prdc: an image folder or a statistics "
+                                                    "file (.safetensors, .npz); default: eval.ref, else the "
+                                                    "held-out split of the run's data")] = None,
+    is_weights: Annotated[Optional[str], typer.Option(help="file with the Inception-v3 logits layer (fc.weight "
+                                                           "[1008, 2048]) for metric is; default: eval.is_weights")]
+    = None,
 ) -> None:
-    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json."""
+    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch)."""
+    import torch.distributed as dist
+
     from genforge.eval.run import evaluate_task
 
+    _join_process_group()
     run, device = _open_run(run_dir)
     names = metrics.split(",") if metrics else run.config.eval.metrics
     opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale}.items() if v is not None}
     try:
+        run.config.eval.ref = ref or run.config.eval.ref
+        run.config.eval.is_weights = is_weights or run.config.eval.is_weights
         results = evaluate_task(run.task, run.config, names, n or run.config.eval.n, seed, device, **opts)
-    except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights
+    except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights, --ref
         _fail(str(err))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if not results:  # ranks other than 0
+        return
     out = run_dir / "eval" / f"{run.step}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"step": run.step, **results}, indent=1))
@@ -152,6 +170,18 @@ def evaluate(
             value = f"{len(value)} values, in the JSON"
         typer.echo(f"{key:>16}: {value:.4f}" if isinstance(value, float) else f"{key:>16}: {value}")
     typer.echo(f"wrote {out}")
+
+
+def _join_process_group() -> None:
+    """Under torchrun / accelerate launch (WORLD_SIZE > 1): join the process group, so that `eval` splits the
+    samples over the processes (gloo on CPUs, NCCL on GPUs, one GPU per local rank)."""
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
 
 @app.command()

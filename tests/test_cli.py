@@ -25,7 +25,7 @@ def test_stable_surface_is_frozen():
     assert {"train", "sample", "eval", "encode", "presets", "data"} <= set(group.commands)
     assert {"--set", "--run-dir", "--dry-run", "--fresh"} <= _options("train")
     assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt"} <= _options("sample")
-    assert {"--metrics", "--n"} <= _options("eval")
+    assert {"--metrics", "--n", "--seed", "--steps", "--cfg-scale", "--ref", "--is-weights"} <= _options("eval")
     assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size"} <= _options("encode")
     assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}
 
@@ -59,6 +59,22 @@ def test_train_sample_eval_end_to_end(tmp_path, monkeypatch):
     result = json.loads((run / "eval" / "6.json").read_text())
     assert result["n"] == 8 and 0.0 <= result["judge_accuracy"] <= 1.0
     assert result["sampler"]["steps"] == 2
+
+    from eval.eval_standins import TinyFeatures
+    from genforge.eval import run as run_module
+
+    monkeypatch.setattr(run_module, "feature_network", lambda device: TinyFeatures())
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "fid,kid,judge", "--n", "8", "--steps", "2"])
+    assert out.exit_code == 0, out.output
+    assert "reference statistics: computed" in out.stderr and "fid:" in out.stdout
+    result = json.loads((run / "eval" / "6.json").read_text())
+    assert result["fid"] > 0 and "kid_mean" in result and "judge_accuracy" in result and result["ref_n"] == 8
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "fid", "--n", "8", "--steps", "2", "--ref", result["ref"]])
+    assert out.exit_code == 0 and json.loads((run / "eval" / "6.json").read_text())["fid"] == result["fid"]
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "fid", "--ref", str(tmp_path / "absent")])
+    assert out.exit_code == 2 and "no such image folder or statistics file" in out.stderr
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "is", "--n", "10"])
+    assert out.exit_code == 2 and "--is-weights" in out.stderr
 
 
 def test_sample_refuses_a_folder_that_is_not_a_run(tmp_path):

@@ -97,17 +97,22 @@ class TrainConfig(StrictModel):
         return self
 
 
-MetricName = Literal["judge", "psnr", "ssim", "perceptual", "codebook"]
+MetricName = Literal["judge", "fid", "kid", "is", "prdc", "psnr", "ssim", "perceptual", "codebook"]
 
 # what each metric of `genforge eval` reports
 METRIC_RESULTS: dict[str, tuple[str, ...]] = {
     "judge": ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy"),  # generators
+    "fid": ("fid",),  # generators, Inception-v3 pool3 features vs reference statistics (eval.ref)
+    "kid": ("kid_mean", "kid_std"),
+    "is": ("is_mean", "is_std"),  # needs eval.is_weights (the Inception logits layer)
+    "prdc": ("precision", "recall", "density", "coverage"),
     "psnr": ("psnr",),  # tokenizers: reconstructions of held-out images
     "ssim": ("ssim",),
     "perceptual": ("perceptual",),
     "codebook": ("codebook_usage", "codebook_perplexity", "codebook_dead"),  # discrete tokenizers only
 }
 TOKENIZER_METRICS = ("psnr", "ssim", "perceptual", "codebook")
+LOWER_IS_BETTER = ("fid", "kid_mean", "perceptual")  # train.keep_best on these needs keep_best_mode=min
 
 
 class EvalConfig(StrictModel):
@@ -117,6 +122,12 @@ class EvalConfig(StrictModel):
     metrics: list[MetricName] | None = Field(None, description="default: the family's (generators: judge; "
                                                                "tokenizers: psnr, ssim, and codebook if discrete)")
     n: int = Field(256, gt=0)
+    ref: str | None = Field(None, description="real images for fid/kid/prdc: an image folder, or a statistics file "
+                                              "(.safetensors written by genforge, .npz with mu and sigma); "
+                                              "default: the held-out split of the run's data")
+    ref_n: int | None = Field(None, gt=1, description="reference images used (default: eval.n)")
+    is_weights: str | None = Field(None, description="file with the Inception-v3 logits layer (fc.weight "
+                                                     "[1008, 2048]) for metric 'is'; the FID network lacks it")
 
 
 class LogConfig(StrictModel):

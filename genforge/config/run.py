@@ -6,7 +6,8 @@ from typing import Annotated, Union
 
 from pydantic import Field, model_validator
 
-from genforge.config.base import METRIC_RESULTS, DataConfig, EvalConfig, LogConfig, StrictModel, TrainConfig
+from genforge.config.base import (LOWER_IS_BETTER, METRIC_RESULTS, DataConfig, EvalConfig, LogConfig, StrictModel,
+                                  TrainConfig)
 from genforge.families import FAMILY_CONFIGS
 
 ModelConfig = Annotated[Union[FAMILY_CONFIGS], Field(discriminator="family")]  # type: ignore[valid-type]
@@ -34,5 +35,8 @@ class RunConfig(StrictModel):
             if self.train.keep_best not in known:
                 raise ValueError(f"train.keep_best={self.train.keep_best!r} is not an evaluation result of "
                                  f"eval.metrics={self.eval.metrics}; allowed: {', '.join(sorted(known))}")
+            if self.train.keep_best in LOWER_IS_BETTER and self.train.keep_best_mode != "min":
+                raise ValueError(f"train.keep_best={self.train.keep_best}: lower is better; set "
+                                 "train.keep_best_mode=min")
         self.model.check_run(self)
         return self

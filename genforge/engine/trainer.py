@@ -323,16 +323,17 @@ class Trainer:
         return path
 
     def evaluate(self) -> dict[str, Any]:
-        """Evaluation metrics of the EMA weights (main process; the others get an empty dict)."""
+        """Evaluation metrics of the EMA weights. Every rank takes part (generators: each samples its share, see
+        genforge.eval.run); the main process writes and logs the results, the others get an empty dict."""
         from genforge.eval.run import evaluate_task
 
-        if not self.accelerator.is_main_process:
-            return {}
         self.task.eval()
         with self.ema.swapped_in():
             results = evaluate_task(self.task, self.cfg, self.cfg.eval.metrics, self.cfg.eval.n,
                                     seed=self.cfg.train.seed, device=self.accelerator.device)
         self.task.train()
+        if not self.accelerator.is_main_process:
+            return {}
         out = self.run_dir / "eval" / f"{self.step}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"step": self.step, **results}, indent=1))

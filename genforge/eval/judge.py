@@ -63,7 +63,11 @@ def judge_report(judge: ShapesJudge, images: Tensor, labels: Tensor) -> dict[str
     """Class accuracy, and separately how often the kind and the colour of the primary shape are right."""
     if len(images) != len(labels) or not len(images):
         raise ValueError(f"judge_report needs as many labels as images (> 0), got {len(images)} and {len(labels)}")
-    preds, labels = judge_predictions(judge, images), labels.cpu()
+    return prediction_report(judge_predictions(judge, images), labels.cpu())
+
+
+def prediction_report(preds: Tensor, labels: Tensor) -> dict[str, float]:
+    """`judge_report` from the judge's predicted classes [N] (e.g. gathered from several processes)."""
     n_colours, n = len(COLORS), len(labels)
     return {
         "judge_accuracy": (preds == labels).sum().item() / n,

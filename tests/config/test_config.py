@@ -88,6 +88,8 @@ BAD = [
     (["train"], "train"),
     (["train.keep_best=judge_accuracy"], "train.keep_best"),  # without eval.every
     (["eval.every=100", "train.keep_best=fid"], "train.keep_best"),
+    (["eval.every=100", "eval.metrics=[fid]", "train.keep_best=fid"], "train.keep_best_mode=min"),
+    (["eval.ref_n=1"], "eval.ref_n"),
     (["train.keep_best_mode=up"], "train.keep_best_mode"),
     (["train.on_nonfinite=ignore"], "train.on_nonfinite"),
     (["train.max_rollbacks=-1"], "train.max_rollbacks"),

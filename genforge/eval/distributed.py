@@ -1,0 +1,56 @@
+"""Collectives for evaluation over several processes (torchrun / accelerate launch): each rank handles its share
+of the samples, rows are gathered in sample order, and rank 0 computes the statistics. Without an initialised
+process group every function is the single-process identity."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the initialised process group, else (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _comm_device() -> torch.device:
+    """Where collective tensors must live: the current GPU for NCCL, else the CPU (gloo)."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def gather_rows(rows: Tensor, index: Tensor) -> Tensor:
+    """Rows [n_local, ...] of every rank with their global sample numbers `index` [n_local] -> all rows [N, ...]
+    in sample order, on every rank (CPU). Ranks may hold different counts (even 0): rows are padded to the
+    largest count for `all_gather`, and the padding removed before sorting."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return rows[index.argsort()]
+    device = _comm_device()
+    count = torch.tensor([len(rows)], device=device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    padded = rows.new_zeros((max(sizes), *rows.shape[1:]), device=device)
+    padded[: len(rows)] = rows.to(device)
+    numbers = torch.full((max(sizes),), -1, dtype=torch.long, device=device)
+    numbers[: len(rows)] = index.to(device)
+    all_rows = [torch.empty_like(padded) for _ in range(world)]
+    all_numbers = [torch.empty_like(numbers) for _ in range(world)]
+    dist.all_gather(all_rows, padded)
+    dist.all_gather(all_numbers, numbers)
+    rows = torch.cat([r[:size] for r, size in zip(all_rows, sizes)]).cpu()
+    index = torch.cat([i[:size] for i, size in zip(all_numbers, sizes)]).cpu()
+    return rows[index.argsort()]
+
+
+def rank0_decides(flag: bool) -> bool:
+    """Rank 0's `flag` on every rank (e.g. "the cache file exists", which only rank 0 checks)."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return flag
+    value = torch.tensor([int(flag)], device=_comm_device())
+    dist.broadcast(value, src=0)
+    return bool(value.item())

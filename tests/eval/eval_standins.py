@@ -1,0 +1,41 @@
+"""Cheap stand-ins for evaluation tests: a feature network that counts its calls, and a generator."""
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from genforge.engine.task import Batch, Task
+
+
+class TinyFeatures:
+    """`features.PoolFeatures` without a network: 4x4 average-pooled pixels [B, 48] (a fixed random projection
+    to `dim` when asked); deterministic, and it counts the images it saw."""
+
+    def __init__(self, dim: int = 48, input_rule: str = "4x4 average pool of uint8 / 255") -> None:
+        self.dim, self.input_rule, self.images = dim, input_rule, 0
+        self.projection = torch.randn(48, dim, generator=torch.Generator().manual_seed(0)) if dim != 48 else None
+
+    def pool(self, images: Tensor) -> Tensor:
+        assert images.dtype == torch.uint8
+        self.images += len(images)
+        pooled = F.adaptive_avg_pool2d(images.float() / 255, 4).flatten(1)
+        return pooled if self.projection is None else (pooled @ self.projection).relu()
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"network": f"tiny stand-in {self.dim}-d", "input": self.input_rule}
+
+
+class NoiseGenerator(Task):
+    """A class-conditional "generator": uniform noise images drawn from the generator it is given."""
+
+    def __init__(self, size: int = 16) -> None:
+        super().__init__()
+        self.size = size
+
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        return Batch(label=torch.arange(n) % 16)
+
+    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
+        return torch.rand(len(cond["label"]), 3, self.size, self.size, generator=generator) * 2 - 1
