@@ -70,6 +70,11 @@ def flip_drawn(aug_seed: int | None) -> bool:
     return aug_seed is not None and np.random.default_rng(aug_seed).random() < 0.5
 
 
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """float images in [-1, 1] (clamped) -> uint8 pixel values, as saved to PNG; the inverse of `to_tensor`."""
+    return ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
 def to_tensor(image: Image.Image | np.ndarray) -> torch.Tensor:
     """uint8 [H, W, 3] (or a batch [N, H, W, 3]) -> float32 [3, H, W] ([N, 3, H, W]) in [-1, 1]."""
     arr = np.array(image, dtype=np.uint8)  # a writable, contiguous copy

@@ -15,15 +15,16 @@ from PIL import Image
 from torch import Tensor
 
 from genforge.config.base import LogConfig
+from genforge.data.images import to_uint8
 
 
 def image_grid(images: Tensor, nrow: int | None = None, pad: int = 2) -> np.ndarray:
     """[B, C, H, W] in [-1, 1] -> one uint8 [rows·(H+pad)+pad, cols·(W+pad)+pad, 3] grid (vectorised)."""
-    images = images.detach().float().cpu().clamp(-1, 1)
+    images = images.detach().cpu()
     b, c, h, w = images.shape
     if c == 1:
         images = images.expand(b, 3, h, w)
-    pixels = ((images[:, :3] + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    pixels = to_uint8(images[:, :3]).permute(0, 2, 3, 1).numpy()
     cols = nrow or math.ceil(math.sqrt(b))
     rows = math.ceil(b / cols)
     grid = np.full((rows, cols, h + pad, w + pad, 3), 255, np.uint8)

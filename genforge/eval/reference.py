@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from genforge.config.base import DataConfig
+from genforge.data.images import to_uint8
 from genforge.eval.distributed import gather_rows, rank0_decides, rank_and_world
 from genforge.eval.distribution_metrics import gaussian_stats
 from genforge.eval.features import PoolFeatures
@@ -55,11 +56,6 @@ class Reference:
 def cache_root(cache_dir: str | Path | None = None) -> Path:
     """genforge's cache folder: `cache_dir`, else $GENFORGE_CACHE, else ~/.cache/genforge."""
     return Path(cache_dir or os.environ.get("GENFORGE_CACHE", "~/.cache/genforge")).expanduser()
-
-
-def to_uint8(images: Tensor) -> Tensor:
-    """float images in [-1, 1] -> uint8 pixels, as if saved to PNG (how FID reference code sees samples)."""
-    return ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
 @torch.no_grad()
