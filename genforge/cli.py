@@ -99,22 +99,34 @@ def _cuda() -> bool:
 @app.command()
 def sample(
     run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
-    n: Annotated[int, typer.Option(min=1, help="number of samples")] = 16,
+    n: Annotated[Optional[int], typer.Option(min=1, help="number of samples (default: 16, or one per line of "
+                                                         "--prompts)")] = None,
     out: Annotated[Optional[Path], typer.Option(help="PNG grid to write (default: RUN_DIR/samples/sample-...)")] = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     steps: Annotated[Optional[int], typer.Option(min=1, help="sampling steps (respaced)")] = None,
     cfg_scale: Annotated[Optional[float], typer.Option(min=1.0, help="classifier-free guidance scale")] = None,
     label: Annotated[Optional[int], typer.Option(min=0, help="class label for every sample")] = None,
-    prompt: Annotated[Optional[str], typer.Option(help="text prompt (text-conditioned families)")] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="text prompt for every sample (text-conditioned families)")]
+    = None,
+    negative_prompt: Annotated[Optional[str], typer.Option(help="what guidance steers away from (replaces the "
+                                                                "unconditional branch)")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="text file, one prompt per line; samples cycle through "
+                                                         "them")] = None,
 ) -> None:
-    """Write a PNG grid of samples from the run's EMA weights."""
+    """Write a PNG grid of samples from the run's EMA weights (and the prompts, one per cell, beside it)."""
     from genforge.engine.logging import save_grid
     from genforge.eval.run import generate
 
+    prompt_list = _read_prompts(prompts) if prompts is not None else None
+    if prompt is not None and prompt_list is not None:
+        _fail("--prompt and --prompts: give one of them")
     run, device = _open_run(run_dir)
-    if prompt is not None:
-        _fail(f"--prompt: family {run.config.model.family!r} is not text-conditioned")
-    opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale, "label": label}.items() if v is not None}
+    text = prompt is not None or prompt_list is not None or negative_prompt is not None
+    if text and getattr(run.config.model, "conditioning", None) != "text":
+        _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
+    n = n or (len(prompt_list) if prompt_list else 16)
+    opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale, "label": label, "prompt": prompt,
+                              "prompts": prompt_list, "negative_prompt": negative_prompt}.items() if v is not None}
     try:
         images, cond = generate(run.task, n, seed, device, progress=True, **opts)
     except ValueError as err:
@@ -123,6 +135,21 @@ def sample(
     grid, nrow = run.task.preview(cond, images)
     save_grid(grid, path, nrow)
     typer.echo(f"wrote {n} samples ({json.dumps(run.task.sampler_settings(**opts))}) to {path}")
+    if "text" in cond:
+        path.with_suffix(".txt").write_text("".join(f"{t}\n" for t in cond["text"]), encoding="utf-8")
+        typer.echo(f"prompts, one per cell in reading order: {path.with_suffix('.txt')}")
+
+
+def _read_prompts(path: Path) -> list[str]:
+    """The non-empty lines of a prompts file (exit 2 when unreadable or empty)."""
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as err:
+        _fail(f"--prompts {path}: cannot read it ({err})")
+    prompts = [line for line in lines if line]
+    if not prompts:
+        _fail(f"--prompts {path}: no prompts (one per line)")
+    return prompts
 
 
 @app.command("eval")
@@ -195,8 +222,15 @@ def encode(
                                                                           "(default: data.flip)")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="images per encoder call")] = 64,
     shard_size: Annotated[int, typer.Option(min=1, help="samples per shard")] = 10_000,
+    text_encoder: Annotated[Optional[str], typer.Option(help="also store the captions' embeddings by this frozen "
+                                                             "text encoder: minilm, t5 or clip (docs/text.md)")]
+    = None,
+    text_encoder_path: Annotated[Optional[str], typer.Option(help="its checkpoint directory (t5, clip; minilm: "
+                                                                  "default the packaged one)")] = None,
+    text_max_length: Annotated[int, typer.Option(min=1, max=512, help="tokens per caption")] = 32,
 ) -> None:
-    """Encode a data set once with a tokenizer: latents or token ids as webdataset shards + cache.json."""
+    """Encode a data set once with a tokenizer: latents or token ids as webdataset shards + cache.json (and, with
+    --text-encoder, the captions' text embeddings)."""
     from genforge.config import load_config
     from genforge.data.cache import MANIFEST, encode_dataset, manifest_summary
     from genforge.engine.checkpoint import CheckpointReadError
@@ -206,12 +240,20 @@ def encode(
     for item in overrides:
         if not item.startswith("data."):
             _fail(f"--set {item!r}: only data.* keys apply to encode")
+    if text_encoder is None and text_encoder_path is not None:
+        _fail("--text-encoder-path applies to --text-encoder")
     device = "cuda" if _cuda() else "cpu"
     try:
+        text = None
+        if text_encoder is not None:
+            from genforge.text import TextEncoderConfig
+
+            text = TextEncoderConfig(kind=text_encoder, path=text_encoder_path, max_length=text_max_length)
         codec, info = load_codec(tokenizer, device)
         cfg = load_config(data or str(tokenizer / "config.yaml"), overrides)
         manifest = encode_dataset(codec, info, cfg.data, out, flip=cfg.data.flip if flip is None else flip,
-                                  batch_size=batch_size, shard_size=shard_size, device=device, progress=True)
+                                  batch_size=batch_size, shard_size=shard_size, device=device, progress=True,
+                                  text=text)
     except (ValueError, FileNotFoundError, CheckpointReadError) as err:  # ConfigError, CacheError: ValueErrors
         _fail(str(err))
     if manifest.skipped:
@@ -235,8 +277,19 @@ def data_shapes(
     n: Annotated[int, typer.Option(min=1, help="number of images")] = 1000,
     image_size: Annotated[int, typer.Option(min=16, help="pixels")] = 64,
     seed: Annotated[int, typer.Option(min=0)] = 0,
+    shards: Annotated[bool, typer.Option("--shards", help="write webdataset shards (.png, .txt, .cls) instead "
+                                                          "of a folder")] = False,
+    shard_size: Annotated[int, typer.Option(min=1, help="records per shard (with --shards)")] = 1000,
 ) -> None:
-    """Write the built-in shapes data set as an image folder (class sub-folders, .txt captions)."""
+    """Write the built-in shapes data set as an image folder (class sub-folders, .txt captions) or, with
+    --shards, as webdataset shards."""
+    if shards:
+        from genforge.data.shapes import write_shapes_shards
+
+        pattern, count = write_shapes_shards(out, n, image_size, seed=seed, shard_size=shard_size)
+        typer.echo(f"wrote {n} images of {image_size}x{image_size} in {count} shard(s): {pattern}")
+        typer.echo(f"train on them: --set data.source=shards --set \"data.path={pattern}\" --set model.num_classes=16")
+        return
     from genforge.data.shapes import write_shapes_folder
 
     root = write_shapes_folder(out, n, image_size, seed=seed)

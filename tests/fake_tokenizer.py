@@ -1,6 +1,6 @@
 """A stand-in tokenizer run for the cache tests (the tokenizer families are tested on their own): a run
 directory with a checkpoint, whose task's `codec()` is an exact space-to-depth codec (latents), a colour
-quantizer (tokens) or None (not a tokenizer). `load_run` is patched to open such a run; everything else
+quantizer (tokens: ColourQuantizerCodec, 64 ids) or None (not a tokenizer). `load_run` is patched to open such a run; everything else
 (`load_codec`, hashing, `genforge encode`, DiT's tokenizer codec) runs unchanged."""
 
 from __future__ import annotations
@@ -10,38 +10,22 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from genforge.config import load_config, to_yaml
 from genforge.engine import runs
 from genforge.engine.checkpoint import CheckpointDir, save_tensors
 from genforge.engine.task import Task
-from genforge.nn.codec import SpaceToDepthCodec
+from genforge.nn.codec import ColourQuantizerCodec, SpaceToDepthCodec
 
 MARKER = "fake-tokenizer.json"
-
-
-class FakeTokenCodec(nn.Module):
-    """ids [B, H/2, W/2] in [0, 64): each 2x2 block's mean colour, 4 levels per channel."""
-
-    codebook_size = 64
-    downsample = 2
-
-    def encode(self, image: Tensor) -> Tensor:
-        q = ((F.avg_pool2d(image, 2) + 1) * 2).clamp(0, 3.999).long()  # [B, 3, h, w] in 0..3
-        return q[:, 0] * 16 + q[:, 1] * 4 + q[:, 2]
-
-    def decode(self, ids: Tensor) -> Tensor:
-        levels = torch.stack([ids // 16, ids // 4 % 4, ids % 4], dim=1).float()  # [B, 3, h, w]
-        return F.interpolate(levels / 2 - 0.75, scale_factor=2, mode="nearest")
 
 
 class FakeTokenizer(Task):
     def __init__(self, scale: float, kind: str | None) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.tensor(float(scale)))  # its "weights": another scale, another hash
-        self.the_codec = {"latent": SpaceToDepthCodec(3, 2, scale), "tokens": FakeTokenCodec(), None: None}[kind]
+        self.the_codec = {"latent": SpaceToDepthCodec(3, 2, scale), "tokens": ColourQuantizerCodec(2, 4), None: None}[kind]
 
     def codec(self) -> nn.Module | None:
         return self.the_codec

@@ -32,8 +32,10 @@ class ShapesConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where samples come from and how they are preprocessed."""
 
-    source: Literal["shapes", "folder", "cache"] = "shapes"
-    path: str | None = Field(None, description="image folder (source=folder) or a folder written by "
+    source: Literal["shapes", "folder", "shards", "cache"] = "shapes"
+    path: str | None = Field(None, description="image folder (source=folder), webdataset shards: a path or URL "
+                                               "with braces, e.g. data/train-{000000..000127}.tar, several "
+                                               "joined by '::' (source=shards), or a folder written by "
                                                "`genforge encode` (source=cache)")
     image_size: int = Field(32, ge=8, le=4096)
     flip: bool = Field(True, description="random horizontal flip")
@@ -42,13 +44,19 @@ class DataConfig(StrictModel):
     max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0,
                                     description="stop when more than this share of samples read was unreadable")
     max_image_pixels: int = Field(89_478_485, gt=0, description="larger images are refused as decompression bombs")
+    shuffle_buffer: int = Field(1000, ge=0, description="source=shards: records shuffled within each worker's "
+                                                        "stream (0: shard order only)")
     shapes: ShapesConfig = ShapesConfig()
 
     @model_validator(mode="after")
     def _path_for_folder(self) -> "DataConfig":
-        if self.source in ("folder", "cache") and not self.path:
-            what = "an image folder" if self.source == "folder" else "a folder written by `genforge encode`"
+        if self.source in ("folder", "shards", "cache") and not self.path:
+            what = {"folder": "an image folder", "shards": "webdataset shards, e.g. data/train-{000000..000127}.tar",
+                    "cache": "a folder written by `genforge encode`"}[self.source]
             raise ValueError(f"data.path ({what}) is required when data.source is {self.source!r}")
+        if self.source == "shards" and self.val_fraction > 0:
+            raise ValueError("data.val_fraction does not apply to data.source='shards' (held-out images are read "
+                             "from the training shards); set it to 0")
         return self
 
 

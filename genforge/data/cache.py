@@ -8,6 +8,8 @@ A cache is a folder of webdataset shards plus a manifest written last (see docs/
     shard-000001.tar      <n>.latent_flip.npy / tokens_flip.npy (the horizontally flipped image, optional),
     ...                   <n>.cls (label), <n>.txt (caption), <n>.txt_flip.txt (its mirror, when it differs),
                           <n>.key.txt (the source sample's key); <n> = __key__, the position in the cache
+    text_embeds.*         with --text-encoder: a frozen text encoder's embeddings of the distinct captions
+                          (genforge.data.text_embeds)
 
 The encoder is identified by `encoder_hash`, the sha256 of the tokenizer checkpoint's ema.safetensors; a
 generator refuses a cache whose hash differs from its configured tokenizer's (`check_cache`).
@@ -26,15 +28,17 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from genforge.config.base import DataConfig, StrictModel
 from genforge.data.images import flip_drawn
 from genforge.data.loader import DataInfo
+from genforge.data.text_embeds import TextEmbeds
 from genforge.engine.checkpoint import TMP_PREFIX, fsync_dir, fsync_tree, write_atomically
 
 if TYPE_CHECKING:
     from genforge.engine.runs import CodecInfo
+    from genforge.text import TextEncoder, TextEncoderConfig
 
 MANIFEST = "cache.json"
 SHARD_PATTERN = "shard-%06d.tar"
@@ -43,6 +47,7 @@ RESIZE = {  # how each source turns its images into data.image_size pixels
     "folder": "ADM center crop: box-halve while the short side >= 2 x data.image_size, bicubic resize of the "
               "short side to data.image_size, center crop",
 }
+RESIZE["shards"] = RESIZE["folder"]
 
 
 class CacheError(ValueError):
@@ -77,11 +82,13 @@ class CacheManifest(StrictModel):
     preprocessing: Preprocessing
     shards: list[str]
     skipped: list[dict[str, str]] = []  # unreadable source samples: {"key", "reason"}
+    text_encoder: dict[str, Any] | None = None  # text_embeds.write_text_embeds: kind, path, fingerprint, files, ...
 
     def data_info(self) -> DataInfo:
         """What a generator needs to know about the cached data."""
         return DataInfo(num_classes=self.num_classes, channels=self.shape[0] if self.kind == "latent" else 0,
-                        image_size=self.preprocessing.image_size, kind=self.kind, encoder_hash=self.encoder_hash)
+                        image_size=self.preprocessing.image_size, kind=self.kind, encoder_hash=self.encoder_hash,
+                        text_encoder=self.text_encoder["fingerprint"] if self.text_encoder else None)
 
 
 def read_manifest(path: str | Path) -> CacheManifest:
@@ -136,24 +143,33 @@ def check_cache(data: DataInfo, codec: "CodecInfo", path: str | None) -> None:
 # ---------------------------------------------------------------------------------------------- writing
 def encode_dataset(codec: nn.Module, info: "CodecInfo", data: DataConfig, out: str | Path, *, flip: bool,
                    batch_size: int = 64, shard_size: int = 10_000, device: torch.device | str = "cpu",
-                   progress: bool = False) -> CacheManifest:
+                   progress: bool = False, text: "TextEncoderConfig | None" = None) -> CacheManifest:
     """Encode the training split of `data` (unflipped, plus its mirror image when `flip`) with `codec` into the
-    cache folder `out`, which must not exist or be empty. Everything is written under a temporary name that is
-    renamed to `out` at the end, so a killed encode never leaves a manifest for incomplete shards."""
+    cache folder `out`, which must not exist or be empty; with `text` (a frozen text encoder), also the distinct
+    captions (genforge.data.text_embeds). Everything is written under a temporary name that is renamed to `out`
+    at the end, so a killed encode never leaves a manifest for incomplete shards or embeddings."""
     from genforge.data.loader import build_dataset
+    from genforge.data.text_embeds import write_text_embeds
 
     out = Path(out)
     if data.source == "cache":
-        raise CacheError(f"data.source=cache ({data.path}): encode reads images (data.source shapes or folder)")
+        raise CacheError(f"data.source=cache ({data.path}): encode reads images (data.source shapes, folder or "
+                         "shards)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CacheError(f"--out {out} already exists and is not empty; remove it or choose another folder")
+    text_encoder = _frozen_text_encoder(text, device) if text is not None else None  # before hours of encoding
+    captions: dict[str, None] | None = {} if text is not None else None  # distinct captions, in order
     dataset = build_dataset(data, split="train", flip=False)
     staging = out.parent / f"{TMP_PREFIX}{out.name}"
     if staging.exists():
         shutil.rmtree(staging)  # left by an encode that was killed
     staging.mkdir(parents=True)
     try:
-        manifest = _write_shards(codec, info, data, dataset, staging, flip, batch_size, shard_size, device, progress)
+        manifest = _write_shards(codec, info, data, dataset, staging, flip, batch_size, shard_size, device, progress,
+                                 captions)
+        if text_encoder is not None:
+            manifest.text_encoder = write_text_embeds(text_encoder, text, list(captions), staging, batch_size,
+                                                      progress)
         fsync_tree(staging)
         write_atomically(staging / MANIFEST, manifest.model_dump_json(indent=1) + "\n")  # last
         os.replace(staging, out)
@@ -162,6 +178,27 @@ def encode_dataset(codec: nn.Module, info: "CodecInfo", data: DataConfig, out: s
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def _frozen_text_encoder(cfg: "TextEncoderConfig", device: torch.device | str) -> "TextEncoder":
+    """The text encoder whose embeddings a cache stores: frozen ones only, without the memo."""
+    if not cfg.frozen:
+        raise CacheError(f"--text-encoder {cfg.kind}: only frozen text encoders (minilm, t5, clip) can be cached; "
+                         f"{cfg.kind} trains with the model, so its embeddings change every step")
+    from genforge.text import build_text_encoder
+
+    return build_text_encoder(cfg, memo=False).to(device)
+
+
+def _absolute(data: DataConfig) -> str | None:
+    """data.path made absolute (for webdataset shards: the local parts of the URL spec)."""
+    if not data.path:
+        return None
+    if data.source == "shards":
+        from genforge.data.shards import absolute_spec
+
+        return absolute_spec(data.path)
+    return str(Path(data.path).resolve())
 
 
 @torch.no_grad()
@@ -179,7 +216,8 @@ def _encode(codec: nn.Module, images: Tensor, info: "CodecInfo") -> np.ndarray:
 
 def _write_shards(codec: nn.Module, info: "CodecInfo", data: DataConfig, dataset: Dataset, folder: Path,
                   flip: bool, batch_size: int, shard_size: int, device: torch.device | str,
-                  progress: bool) -> CacheManifest:
+                  progress: bool, captions: dict[str, None] | None = None) -> CacheManifest:
+    """Write the shards into `folder`; the distinct captions written (flipped ones too) are added to `captions`."""
     from tqdm import tqdm
     from webdataset import ShardWriter
 
@@ -188,10 +226,11 @@ def _write_shards(codec: nn.Module, info: "CodecInfo", data: DataConfig, dataset
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=data.num_workers, collate_fn=list)
     shards: list[str] = []
     skipped: list[dict[str, str]] = []
-    count, first = 0, None
+    count, first, top_label = 0, None, -1
+    total = None if isinstance(dataset, IterableDataset) else len(dataset)  # webdataset shards: one ordered pass
     with ShardWriter(str(folder / SHARD_PATTERN), maxcount=shard_size, verbose=0,
                      post=lambda name: shards.append(Path(name).name)) as sink, \
-            tqdm(total=len(dataset), unit="img", desc="encoding", disable=not progress) as bar:
+            tqdm(total=total, unit="img", desc="encoding", disable=not progress) as bar:
         for samples in loader:
             bar.update(len(samples))
             skipped += [{"key": s["key"], "reason": s["bad"]} for s in samples if "bad" in s]
@@ -211,20 +250,24 @@ def _write_shards(codec: nn.Module, info: "CodecInfo", data: DataConfig, dataset
                     record[f"{field}_flip.npy"] = flipped[i]
                 if "label" in s:
                     record["cls"] = int(s["label"])
+                    top_label = max(top_label, int(s["label"]))
                 if "text" in s:
                     record["txt"] = s["text"]
                     if flip and mirror is not None and mirror(s["text"]) != s["text"]:
                         record["txt_flip.txt"] = mirror(s["text"])
+                    if captions is not None:
+                        captions.update(dict.fromkeys(record[k] for k in ("txt", "txt_flip.txt") if k in record))
                 sink.write(record)
                 count += 1
     if first is None:
         raise CacheError(f"no readable sample in the data set ({data.source} {data.path or ''}); nothing to encode")
     return CacheManifest(
         kind=info.kind, shape=list(first.shape[1:]), dtype=str(first.dtype), count=count, flip=flip,
-        num_classes=int(getattr(dataset, "num_classes", 0)), encoder_hash=info.encoder_hash,
+        # a stream does not know its classes up front: the largest label seen + 1
+        num_classes=int(getattr(dataset, "num_classes", 0)) or top_label + 1, encoder_hash=info.encoder_hash,
         tokenizer={k: v for k, v in asdict(info).items() if k != "encoder_hash"},
         preprocessing=Preprocessing(
-            source=data.source, path=str(Path(data.path).resolve()) if data.path else None, split="train",
+            source=data.source, path=_absolute(data), split="train",
             image_size=data.image_size, resize=RESIZE[data.source],
             flip_variants=["none", "horizontal"] if flip else ["none"], data=data.model_dump(mode="json")),
         shards=shards, skipped=skipped)
@@ -254,7 +297,9 @@ class CacheDataset(Dataset):
     Items are indices or the sampler's `(index, aug_seed)`; with `flip`, the per-sample coin that the image
     data sets toss (`flip_drawn`) picks the flipped variant, so a run on the cache sees the same flips as one
     encoding the images on the fly. Samples: `latent` float32 [C, h, w] (or `tokens` long [h·w]), `label`,
-    `text` (when captioned) and `key` (the source sample's key)."""
+    `text` (when captioned) and `key` (the source sample's key); a cache written with --text-encoder adds the
+    caption's `text_embed` float32 [L, D] and `text_mask` bool [L] (the flipped caption's, for a flipped
+    sample), looked up among the distinct captions' embeddings, held once."""
 
     def __init__(self, path: str | Path, flip: bool = False, manifest: CacheManifest | None = None) -> None:
         self.root = Path(path)
@@ -286,6 +331,9 @@ class CacheDataset(Dataset):
         self.labels = torch.tensor(labels) if m.num_classes else None
         self.texts = texts if any(t is not None for t in texts) else None
         self.texts_flip, self.keys = texts_flip, keys
+        self.text_embeds = TextEmbeds(self.root, m.text_encoder) if m.text_encoder else None
+        if self.text_embeds is not None:
+            self.text_rows, self.text_rows_flip = self.text_embeds.rows(texts), self.text_embeds.rows(texts_flip)
 
     def __len__(self) -> int:
         return len(self.codes)
@@ -303,6 +351,9 @@ class CacheDataset(Dataset):
             sample["label"] = int(self.labels[index])
         if self.texts is not None and self.texts[index] is not None:
             sample["text"] = (self.texts_flip if flipped else self.texts)[index]
+            if self.text_embeds is not None:
+                row = (self.text_rows_flip if flipped else self.text_rows)[index]
+                sample["text_embed"], sample["text_mask"] = self.text_embeds[row]  # [L, D], [L]
         return sample
 
 
@@ -311,5 +362,7 @@ def manifest_summary(manifest: CacheManifest) -> str:
     shape = "x".join(map(str, manifest.shape))
     flip = " (+ flipped)" if manifest.flip else ""
     return (f"{manifest.count} {manifest.kind} {shape} {manifest.dtype}{flip} in {len(manifest.shards)} "
-            f"shard(s), encoder_hash {manifest.encoder_hash[:12]}…")
+            f"shard(s), encoder_hash {manifest.encoder_hash[:12]}…" + (
+                f", {manifest.text_encoder['kind']} text embeddings of {manifest.text_encoder['count']} distinct "
+                "captions" if manifest.text_encoder else ""))
 

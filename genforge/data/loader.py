@@ -6,6 +6,9 @@ The data position is a pure function of the optimizer step: optimizer step `s` c
 (seed, epoch). Each micro-batch of each rank is a fixed slice of that global batch, so 1 process with
 batch B, 2 processes with B/2 each, and 2 accumulation steps of B/2 all see exactly the same samples,
 and resuming at step `s` needs nothing but `s`.
+
+Webdataset shards stream instead (genforge.data.shards): their order depends on the number of processes
+and workers, but resuming still needs nothing but `s` (`build_train_batches` serves both).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from genforge.config.base import DataConfig
+from genforge.config.base import DataConfig, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,23 @@ class DataInfo:
     image_size: int  # pixels (a cache: of the images it was encoded from)
     kind: str = "image"  # "image", or a cache's "latent" / "tokens"
     encoder_hash: str | None = None  # a cache's: sha256 of the tokenizer checkpoint that wrote it
+    text_encoder: str | None = None  # a cache's text embeddings: fingerprint of the text encoder that wrote them
 
 
-def build_dataset(cfg: DataConfig, split: str = "train", flip: bool | None = None) -> Dataset:
-    """The data set named by `cfg.source` (raises FileNotFoundError/ValueError for a bad folder)."""
+def build_dataset(cfg: DataConfig, split: str = "train", flip: bool | None = None,
+                  world_size: int | None = None) -> Dataset:
+    """The data set named by `cfg.source` (raises FileNotFoundError/ValueError for a bad folder or shard list).
+    `world_size`: the number of training processes, for sources that split by process (shards: checked here,
+    before training, that every worker of every process gets a shard)."""
     flip = cfg.flip if flip is None else flip
+    if cfg.source == "shards":
+        from genforge.data.shards import ShardDataset
+
+        if split == "val":
+            raise ValueError(f"data.source=shards ({cfg.path}) has no held-out split")
+        return ShardDataset(cfg.path, cfg.image_size, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
+                            max_image_pixels=cfg.max_image_pixels, world_size=world_size,
+                            num_workers=cfg.num_workers)
     if cfg.source == "shapes":
         from genforge.data.shapes import ShapesDataset, ShapesSpec
 
@@ -75,6 +90,21 @@ def scan_data_info(cfg: DataConfig) -> DataInfo:
     return data_info(build_dataset(cfg), cfg)
 
 
+def dataset_size(dataset: Dataset) -> int | None:
+    """Samples in a map-style data set; None for a stream (webdataset shards), whose size is unknown."""
+    return None if isinstance(dataset, IterableDataset) else len(dataset)
+
+
+def micro_batch_size(global_batch: int, grad_accum: int = 1, world_size: int = 1) -> int:
+    """Samples in each micro-batch of each rank (ValueError when the global batch does not split evenly)."""
+    if global_batch % (grad_accum * world_size):
+        raise ValueError(
+            f"train.batch_size={global_batch} must be divisible by train.grad_accum x processes "
+            f"= {grad_accum} x {world_size}"
+        )
+    return global_batch // (grad_accum * world_size)
+
+
 class StepBatchSampler(Sampler[list[tuple[int, int]]]):
     """Yields this rank's micro-batches of `(index, aug_seed)` from optimizer step `start_step` on, forever."""
 
@@ -88,11 +118,7 @@ class StepBatchSampler(Sampler[list[tuple[int, int]]]):
         seed: int = 0,
         start_step: int = 0,
     ) -> None:
-        if global_batch % (grad_accum * world_size):
-            raise ValueError(
-                f"train.batch_size={global_batch} must be divisible by train.grad_accum x processes "
-                f"= {grad_accum} x {world_size}"
-            )
+        micro_batch_size(global_batch, grad_accum, world_size)
         if num_samples < global_batch:
             raise ValueError(f"the data set has {num_samples} samples, fewer than train.batch_size={global_batch}")
         self.num_samples, self.global_batch, self.grad_accum = num_samples, global_batch, grad_accum
@@ -185,6 +211,31 @@ def build_loader(dataset: Dataset, sampler: StepBatchSampler, num_workers: int, 
         worker_init_fn=_worker_init,
         generator=torch.Generator().manual_seed(seed),
     )
+
+
+def _as_collated(batch: dict[str, Any]) -> dict[str, Any]:
+    """A stream's workers collate their micro-batches themselves (the default would turn tuples into lists)."""
+    return batch
+
+
+def build_train_batches(dataset: Dataset, data: DataConfig, train: TrainConfig, world_size: int = 1, rank: int = 0,
+                        start_position: int = 0, pin_memory: bool = False) -> DataLoader:
+    """This rank's micro-batches (`train.grad_accum` per optimizer step) from global batch `start_position` on,
+    forever: a map-style data set through StepBatchSampler + build_loader; webdataset shards (a stream) through
+    the rank's ShardStream, whose workers batch, and which skips the micro-batches consumed before."""
+    if isinstance(dataset, IterableDataset):
+        micro = micro_batch_size(train.batch_size, train.grad_accum, world_size)
+        stream = dataset.stream(micro, world_size, rank, data.num_workers, train.seed,
+                                consumed=start_position * train.grad_accum)
+        return DataLoader(stream, batch_size=None, num_workers=data.num_workers, pin_memory=pin_memory,
+                          persistent_workers=False, prefetch_factor=4 if data.num_workers else None,
+                          worker_init_fn=_worker_init, collate_fn=_as_collated)
+    from genforge.engine.random import mix_seed
+
+    sampler = StepBatchSampler(len(dataset), train.batch_size, train.grad_accum, world_size, rank, seed=train.seed,
+                               start_step=start_position)
+    return build_loader(dataset, sampler, data.num_workers, pin_memory, seed=mix_seed(train.seed, rank,
+                                                                                        start_position))
 
 
 class SkipLog:

@@ -210,3 +210,26 @@ def write_shapes_folder(out: str | Path, n: int, image_size: int, seed: int = 0,
         Image.fromarray(image).save(folders[label] / f"{key}.png")
         (folders[label] / f"{key}.txt").write_text(caption + "\n", encoding="utf-8")
     return root
+
+
+def write_shapes_shards(out: str | Path, n: int, image_size: int, seed: int = 0, spec: ShapesSpec = ShapesSpec(),
+                        shard_size: int = 1000) -> tuple[str, int]:
+    """Write the set as webdataset shards `out/shapes-NNNNNN.tar` of `shard_size` records `<key>.png`,
+    `<key>.txt` (caption), `<key>.cls` (label); returns the brace pattern naming them (a `data.path` for
+    `data.source=shards`) and the number of shards."""
+    import io
+
+    from webdataset import ShardWriter
+
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(str(root / "shapes-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
+        for index in range(n):
+            image, label, caption = render_shapes(seed, index, image_size, spec)
+            png = io.BytesIO()
+            Image.fromarray(image).save(png, format="PNG")
+            sink.write({"__key__": shapes_key(seed, index), "png": png.getvalue(), "txt": caption, "cls": label})
+    count = -(-n // shard_size)
+    last = count - 1
+    pattern = f"shapes-{{000000..{last:06d}}}.tar" if count > 1 else "shapes-000000.tar"
+    return str(root / pattern), count

@@ -51,6 +51,16 @@ class BatchRandom:
         gen = self._generator()
         return self._rows(torch.rand(self.global_size, *shape, generator=gen, device=self.device, dtype=dtype))
 
+    def rand_global(self, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Uniform [0, 1) for the whole global batch, [global_size, *shape] (this micro-batch's rows are
+        `rows(...)` of it): for normalisers that depend on every sample of the step."""
+        gen = self._generator()
+        return torch.rand(self.global_size, *shape, generator=gen, device=self.device, dtype=dtype)
+
+    def rows(self, full: Tensor) -> Tensor:
+        """This micro-batch's rows of a [global_size, ...] tensor."""
+        return self._rows(full)
+
     def randint(self, high: int, *shape: int) -> Tensor:
         """Integers uniform in [0, high), shape [size, *shape]."""
         gen = self._generator()

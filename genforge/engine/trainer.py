@@ -27,14 +27,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from genforge.config import RunConfig, to_yaml
-from genforge.data.loader import SkipLog, StepBatchSampler, build_dataset, build_loader, data_info
+from genforge.data.loader import SkipLog, build_dataset, build_train_batches, data_info, dataset_size
 from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, load_state, load_tensors,
                                         nonfinite_tensors, read_json, save_state, save_tensors, step_dir_name)
 from genforge.engine.ema import EMA
 from genforge.engine.logging import RunLogger, save_grid
 from genforge.engine.optim import build_optimizer, build_scheduler
 from genforge.engine.preemption import Preempted, StopRequests
-from genforge.engine.random import BatchRandom, global_rng_state, mix_seed, set_global_rng_state
+from genforge.engine.random import BatchRandom, global_rng_state, set_global_rng_state
 from genforge.engine.task import Task
 
 # What a checkpoint restores, by name (`load_checkpoint(skip=...)` lets tests prove each one matters).
@@ -114,7 +114,7 @@ class Trainer:
         random.seed(tc.seed)
         np.random.seed(tc.seed)
         torch.manual_seed(tc.seed)
-        self.dataset = build_dataset(cfg.data, split="train")
+        self.dataset = build_dataset(cfg.data, split="train", world_size=acc.num_processes)
         self.data_info = data_info(self.dataset, cfg.data)
         self.task: Task = cfg.model.build_task(cfg, self.data_info)
         if len(self.task.phases) > 1:
@@ -208,7 +208,8 @@ class Trainer:
             "rollbacks": self.rollbacks,
             "world_size": acc.num_processes,
             "global_batch": self.cfg.train.batch_size,
-            "num_samples": len(self.dataset),
+            "num_samples": dataset_size(self.dataset),  # None for a stream (webdataset shards)
+            "data_slots": getattr(self.dataset, "slots", None),  # a stream's processes x workers
             "family_state": self.task.state_for_checkpoint(),
             "data_info": asdict(self.data_info),
             "eval": self.last_eval if self.last_eval.get("step") == self.step else None,
@@ -247,20 +248,19 @@ class Trainer:
             self.data_position = int(state.get("data_position", state["step"]))
         self.rollbacks = int(state.get("rollbacks", 0))
         self.last_eval = state.get("eval") or {}
-        same_order = (state["global_batch"], state["num_samples"]) == (self.cfg.train.batch_size, len(self.dataset))
+        same_order = ((state["global_batch"], state["num_samples"], state.get("data_slots")) ==
+                      (self.cfg.train.batch_size, dataset_size(self.dataset), getattr(self.dataset, "slots", None)))
         if not same_order and acc.is_main_process:
-            print(f"genforge: batch size or data set size changed since {path.name}; the data order "
+            print(f"genforge: batch size, data set size or (shards) processes x data.num_workers changed since "
+                  f"{path.name}; the data order "
                   "from here on differs from an uninterrupted run", file=sys.stderr)
 
     # ------------------------------------------------------------------------------------- one step
     def _batches(self) -> Iterator[dict[str, Any]]:
         """This rank's micro-batches from global batch `data_position` on, on the device."""
-        tc = self.cfg.train
-        sampler = StepBatchSampler(len(self.dataset), tc.batch_size, tc.grad_accum, self.accelerator.num_processes,
-                                   self.accelerator.process_index, seed=tc.seed, start_step=self.data_position)
-        loader = build_loader(self.dataset, sampler, self.cfg.data.num_workers,
-                              pin_memory=self.accelerator.device.type == "cuda",
-                              seed=mix_seed(tc.seed, self.accelerator.process_index, self.data_position))
+        acc = self.accelerator
+        loader = build_train_batches(self.dataset, self.cfg.data, self.cfg.train, acc.num_processes,
+                                     acc.process_index, self.data_position, pin_memory=acc.device.type == "cuda")
         for batch in loader:
             skipped = batch.pop("skipped")
             self.skips.record(len(batch.get("key", ())), skipped, self.step)

@@ -101,9 +101,13 @@ def describe(data: DataConfig, n: int, net: PoolFeatures) -> dict[str, Any]:
     """Everything the reference features depend on (hashed into the cache key)."""
     from genforge.data.cache import RESIZE
 
-    fields = data.model_dump(mode="json", exclude={"num_workers", "flip", "max_bad_fraction"})
+    fields = data.model_dump(mode="json", exclude={"num_workers", "flip", "max_bad_fraction", "shuffle_buffer"})
     if data.source == "folder":
         fields.update(path=str(Path(data.path).resolve()), files=_folder_listing(str(data.path)))
+    if data.source == "shards":
+        from genforge.data.shards import absolute_spec, expand_spec, listing
+
+        fields.update(path=absolute_spec(data.path), files=listing(expand_spec(absolute_spec(data.path))))
     return {"version": REFERENCE_VERSION, "data": fields, "split": heldout_split(data), "n": n,
             "resize": RESIZE[data.source], "features": net.fingerprint()}
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import IterableDataset
 
 from genforge.config import RunConfig
 from genforge.config.base import METRIC_RESULTS, TOKENIZER_METRICS, DataConfig
@@ -171,7 +172,9 @@ def shapes_judge(cfg: RunConfig) -> nn.Module:
 
 def heldout_split(cfg: DataConfig) -> str:
     """The split tokenizers are scored on: held-out images when there are any, else the training data
-    (shapes always has a held-out set: another seed)."""
+    (shapes always has a held-out set: another seed; webdataset shards never: the training shards, in order)."""
+    if cfg.source == "shards":
+        return "train"
     return "val" if cfg.source == "shapes" or cfg.val_fraction > 0 else "train"
 
 
@@ -180,7 +183,8 @@ def heldout_batches(cfg: DataConfig, n: int, batch_size: int) -> Iterator[Tensor
     from genforge.data.loader import build_dataset
 
     dataset = build_dataset(cfg, split=heldout_split(cfg), flip=False)
-    items = (dataset[i] for i in range(len(dataset)))
+    # a stream (webdataset shards) iterates as one ordered pass, read lazily: only the first n are decoded
+    items = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(len(dataset)))
     readable = itertools.islice((item["image"] for item in items if "image" in item), n)  # skip unreadable files
     while batch := list(itertools.islice(readable, batch_size)):
         yield torch.stack(batch)

@@ -4,6 +4,7 @@ a docs page and a test module that reuses the shared contract test; the engine i
 from genforge.families.dit.config import DiTConfig
 from genforge.families.dvae.config import DVAEConfig
 from genforge.families.klvae.config import KLVAEConfig
+from genforge.families.maskgit.config import MaskGITConfig
 from genforge.families.vqgan.config import VQGANConfig
 
-FAMILY_CONFIGS = (DiTConfig, DVAEConfig, KLVAEConfig, VQGANConfig)
+FAMILY_CONFIGS = (DiTConfig, DVAEConfig, KLVAEConfig, MaskGITConfig, VQGANConfig)

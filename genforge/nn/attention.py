@@ -36,6 +36,32 @@ class Attention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(b, n, dim))  # [B, N, D]
 
 
+class CrossAttention(nn.Module):
+    """Multi-head attention from x to a context (MUSE's cross-attention to text embeddings, Chang et al. 2023
+    §2.2): queries from x [B, N, D], keys and values from context [B, L, D_ctx], through SDPA."""
+
+    def __init__(self, dim: int, context_dim: int, num_heads: int, bias: bool = True) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"attention width {dim} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.q = nn.Linear(dim, dim, bias=bias)
+        self.kv = nn.Linear(context_dim, 2 * dim, bias=bias)
+        self.proj = nn.Linear(dim, dim, bias=bias)
+
+    def forward(self, x: Tensor, context: Tensor, context_mask: Tensor | None = None) -> Tensor:
+        """x [B, N, D], context [B, L, D_ctx], context_mask bool [B, L] (True = attend; every row needs one)
+        -> [B, N, D]."""
+        b, n, dim = x.shape
+        q = self.q(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # [B, h, N, d]
+        kv = self.kv(context).view(b, context.shape[1], 2, self.num_heads, self.head_dim)  # [B, L, 2, h, d]
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, h, L, d]
+        mask = None if context_mask is None else context_mask[:, None, None, :]  # [B, 1, 1, L]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, h, N, d]
+        return self.proj(out.transpose(1, 2).reshape(b, n, dim))  # [B, N, D]
+
+
 class Mlp(nn.Module):
     """Transformer feed-forward: Linear -> GELU (tanh approximation, as ViT / DiT) -> Linear."""
 

@@ -57,3 +57,27 @@ class SpaceToDepthCodec(nn.Module):
     @torch.no_grad()
     def decode(self, latent: Tensor) -> Tensor:
         return F.pixel_shuffle(latent / self.scale, self.factor)  # [B, C, H, W]
+
+
+class ColourQuantizerCodec(nn.Module):
+    """Parameter-free stand-in token codec: each factor×factor block's mean colour, `levels` levels per RGB
+    channel, as one id in [0, levels³). Lets the token path (MaskGIT) be trained and tested without a
+    trained VQ tokenizer; decoding paints each block its quantised colour."""
+
+    def __init__(self, factor: int = 2, levels: int = 4) -> None:
+        super().__init__()
+        self.factor, self.levels = factor, levels
+        self.codebook_size = levels**3
+        self.downsample = factor
+
+    @torch.no_grad()
+    def encode(self, image: Tensor) -> Tensor:
+        q = ((F.avg_pool2d(image, self.factor) + 1) / 2 * self.levels).long().clamp(0, self.levels - 1)  # [B,3,h,w]
+        return (q[:, 0] * self.levels + q[:, 1]) * self.levels + q[:, 2]  # [B, h, w]
+
+    @torch.no_grad()
+    def decode(self, ids: Tensor) -> Tensor:
+        n = self.levels
+        q = torch.stack([ids // (n * n), ids // n % n, ids % n], dim=1).float()  # [B, 3, h, w] in 0..n-1
+        colour = (q + 0.5) / n * 2 - 1  # level centres in [-1, 1]
+        return F.interpolate(colour, scale_factor=self.factor, mode="nearest")  # [B, 3, H, W]

@@ -1,0 +1,320 @@
+"""Webdataset shards (`data.source: shards`): tar files of records `<key>.jpg|.jpeg|.png|.webp` + `.txt`
+caption, optional `.cls` label, `.json` metadata and `.npy` array, streamed from local paths or URLs.
+
+`data.path` is a webdataset URL spec: a path, `file://`, `http(s)://` or `pipe:` URL with brace expansion
+(`data/train-{000000..000127}.tar`), several joined by `::`.
+
+Training streams. With R processes and W = max(1, data.num_workers) DataLoader workers per process there are
+R·W *slots*; slot `rank·W + worker` reads the shards i with i % (R·W) == slot, forever: in its epoch e the
+shard order is a permutation seeded by (train.seed, e, slot) and the records pass a seeded shuffle buffer
+(`data.shuffle_buffer`), so each slot's epoch covers its shards' records exactly once. Epochs are per slot:
+slots may hold different numbers of records, and a slot that runs out starts its next epoch, so no rank ever
+waits for data (DDP never hangs on unequal shards). Fewer shards than slots is an error.
+
+Workers batch: each yields collated micro-batches of exactly `micro_batch` raw records (unreadable ones are
+dropped and reported in `batch["skipped"]`, so such a batch is smaller), and the DataLoader takes them from
+its workers in turn, so micro-batch j of a rank comes from worker j % W. The position is therefore a function
+of the micro-batches consumed: a resumed stream makes each worker skip (read, shuffle, not decode) the raw
+records of the micro-batches it already produced, and yields what an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from genforge.data.images import center_crop_resize, flip_drawn, load_rgb, to_tensor
+
+IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")  # the first one a record has is its image
+Record = dict[str, Any]  # {"__key__": str, field: bytes}
+
+
+class DataError(RuntimeError):
+    """The stream cannot go on (a shard that cannot be read, a micro-batch of unreadable records)."""
+
+
+# ------------------------------------------------------------------------------------------- URL specs
+def expand_spec(spec: str) -> list[str]:
+    """The shard URLs of a webdataset spec: `::`-separated parts, each brace-expanded, in order."""
+    from webdataset.shardlists import expand_urls
+
+    return [url for url in expand_urls(spec) if url]
+
+
+def local_path(url: str) -> Path | None:
+    """The file a URL names on this machine (a plain path or file://), None for remote and pipe: URLs."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path))
+    if parsed.scheme == "":
+        return Path(url)
+    return None
+
+
+def absolute_spec(spec: str) -> str:
+    """`spec` with its local parts made absolute (URLs unchanged): a key that does not depend on the cwd."""
+    return "::".join(str(Path(part).absolute()) if local_path(part) is not None and urlparse(part).scheme == ""
+                     else part for part in spec.split("::"))
+
+
+def shard_name(url: str) -> str:
+    """The shard's file name without .tar: the prefix of its records' keys."""
+    name = Path(urlparse(url).path.split()[-1] if url.startswith("pipe:") else urlparse(url).path).name
+    return name[: -len(".tar")] if name.endswith(".tar") else name
+
+
+def check_shards(spec: str) -> list[str]:
+    """The URLs of `spec`; FileNotFoundError naming the first local shard that does not exist."""
+    urls = expand_spec(spec)
+    if not urls:
+        raise ValueError(f"data.path={spec!r} names no shards")
+    for url in urls:
+        path = local_path(url)
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"data.path={spec!r}: shard {path} does not exist "
+                                    f"({len(urls)} shard(s) named)")
+    return urls
+
+
+def check_slots(num_shards: int, world_size: int, num_workers: int, spec: str) -> None:
+    """Every worker of every process needs at least one shard of its own (else it would have nothing to read)."""
+    slots = world_size * max(1, num_workers)
+    if num_shards < slots:
+        raise ValueError(
+            f"data.path={spec!r} holds {num_shards} shard(s), fewer than processes x data.num_workers = "
+            f"{world_size} x {max(1, num_workers)} = {slots}: each worker of each process streams shards of its "
+            f"own. Lower data.num_workers (0 or 1 reads in the main process), use fewer processes, or write the "
+            f"data into at least {slots} shards")
+
+
+def listing(urls: list[str]) -> str:
+    """sha256 of the shard URLs and, for local ones, their sizes and mtimes (changed shards are new data)."""
+    digest = hashlib.sha256()
+    for url in urls:
+        path = local_path(url)
+        stat = path.stat() if path is not None and path.is_file() else None
+        digest.update(f"{url}\0{stat.st_size if stat else ''}\0{stat.st_mtime_ns if stat else ''}\n".encode())
+    return digest.hexdigest()
+
+
+def read_shard(url: str) -> Iterator[Record]:
+    """The records of one shard, in tar order (webdataset grouping: files `<key>.<field>`)."""
+    from webdataset.gopen import gopen
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    try:
+        stream = gopen(url)
+    except Exception as err:
+        raise DataError(f"cannot open shard {url} ({type(err).__name__}: {err})") from None
+    finished = False
+    try:
+        files = tar_file_expander([{"url": url, "stream": stream}])
+        try:
+            for record in group_by_keys(files):
+                yield record
+        except Exception as err:  # a torn tar, a dropped connection: name the shard
+            raise DataError(f"cannot read shard {url} ({type(err).__name__}: {err.args[0] if err.args else err})"
+                            ) from None
+        finished = True
+    finally:
+        try:
+            stream.close()
+        except Exception:  # a pipe: closed before its end reports SIGPIPE
+            if finished:
+                raise
+
+
+# ---------------------------------------------------------------------------------------------- records
+def _text(data: bytes) -> str:
+    return data.decode("utf-8").strip()
+
+
+def decode_record(record: Record, key: str, image_size: int, flip: bool, aug_seed: int | None,
+                  max_image_pixels: int | None = None) -> dict[str, Any]:
+    """A sample (`image` [3, S, S] in [-1, 1], `text`, `label`, `image_embed` [D], `latent` [C, h, w], `key`),
+    or {"key", "bad": reason} when the record cannot be used. Images are read like image folders' (RGB, ADM
+    center crop to `image_size`, flipped when `flip` and the per-sample coin of `aug_seed` says so); latents
+    are never flipped."""
+    sample: dict[str, Any] = {"key": key}
+    try:
+        meta = json.loads(record["json"]) if "json" in record else {}
+        if not isinstance(meta, dict):
+            raise ValueError(f".json holds a {type(meta).__name__}, not an object")
+        if "npy" in record:
+            array = np.load(io.BytesIO(record["npy"]), allow_pickle=False)
+            if array.ndim == 1:
+                sample["image_embed"] = torch.from_numpy(array.astype(np.float32))
+            elif array.ndim == 3:
+                sample["latent"] = torch.from_numpy(array.astype(np.float32))
+            else:
+                raise ValueError(f".npy of shape {list(array.shape)}: expected 1-D (an image embedding) or 3-D "
+                                 "(a latent [C, h, w])")
+        field = next((f for f in IMAGE_FIELDS if f in record), None)
+        if field is not None:
+            image = np.asarray(center_crop_resize(load_rgb(io.BytesIO(record[field]), max_image_pixels),
+                                                  image_size))
+            if flip and flip_drawn(aug_seed):
+                image = image[:, ::-1]
+            sample["image"] = to_tensor(image)
+        elif "latent" not in sample:
+            fields = ", ".join(f".{f}" for f in sorted(record) if not f.startswith("__")) or "none"
+            raise ValueError(f"no image (.{', .'.join(IMAGE_FIELDS)}) and no 3-D .npy latent; fields: {fields}")
+        if "txt" in record:
+            sample["text"] = _text(record["txt"])
+        elif isinstance(meta.get("caption", meta.get("text")), str):
+            sample["text"] = meta.get("caption", meta.get("text")).strip()
+        if "cls" in record:
+            sample["label"] = int(_text(record["cls"]))
+        elif meta.get("label", meta.get("cls")) is not None:
+            sample["label"] = int(meta.get("label", meta.get("cls")))
+    except Exception as err:  # any decoder error: skip and report, never kill the worker
+        return {"key": key, "bad": f"{type(err).__name__}: {err}"}
+    return sample
+
+
+def consistent(samples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Samples that stack into one batch, and the others as (key, reason). A field most samples have is
+    required (a missing caption is ""), one few have is dropped; tensors of a shape other than the most common
+    one are unreadable."""
+    good, bad = list(samples), []
+    counts = Counter(f for s in samples for f in s if f != "key")
+    for field, count in counts.items():
+        if field == "text":
+            for s in good:
+                s.setdefault("text", "")
+        elif 2 * count > len(samples):
+            bad += [(s["key"], f"no {field}, which most records of its batch have") for s in good if field not in s]
+            good = [s for s in good if field in s]
+        else:
+            for s in good:
+                s.pop(field, None)
+    for field in [f for f in counts if good and isinstance(good[0].get(f), torch.Tensor)]:
+        shape = Counter(tuple(s[field].shape) for s in good).most_common(1)[0][0]
+        bad += [(s["key"], f"{field} of shape {list(s[field].shape)}, others in its batch {list(shape)}")
+                for s in good if tuple(s[field].shape) != shape]
+        good = [s for s in good if tuple(s[field].shape) == shape]
+    return good, bad
+
+
+# ---------------------------------------------------------------------------------------------- data sets
+class ShardDataset(IterableDataset):
+    """The shards named by `spec`. Iterating it gives one pass over the shards in order, unshuffled and
+    unflipped, every record as a sample or {"key", "bad"} (held-out images, `genforge encode`); with
+    DataLoader workers, worker w reads shards w, w + W, ... `stream()` makes the training stream.
+    Built with `world_size`, it checks that every worker of every process gets a shard."""
+
+    num_classes = 0  # unknown without reading every record; a model config names its own
+
+    def __init__(self, spec: str, image_size: int, flip: bool = False, shuffle_buffer: int = 1000,
+                 max_image_pixels: int | None = None, world_size: int | None = None, num_workers: int = 0) -> None:
+        self.spec, self.image_size, self.flip = spec, image_size, flip
+        self.shuffle_buffer, self.max_image_pixels = shuffle_buffer, max_image_pixels
+        self.urls = check_shards(spec)
+        self.slots = None
+        if world_size is not None:
+            check_slots(len(self.urls), world_size, num_workers, spec)
+            self.slots = world_size * max(1, num_workers)
+
+    def decode(self, url: str, record: Record, aug_seed: int | None) -> dict[str, Any]:
+        key = f"{shard_name(url)}/{record['__key__']}"
+        return decode_record(record, key, self.image_size, self.flip, aug_seed,
+                             self.max_image_pixels)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for url in self.urls[worker::workers]:
+            for record in read_shard(url):
+                yield self.decode(url, record, None)
+
+    # ---------------------------------------------------------------------------- the training stream
+    def slot_records(self, slot: int, slots: int, seed: int, skip: int = 0) -> Iterator[tuple[str, Record, int]]:
+        """(url, record, aug_seed) of slot `slot` of `slots`, epoch after epoch, from raw record `skip` on.
+        Whole epochs are skipped without reading once the slot's record count is known."""
+        shards = self.urls[slot::slots]
+        epoch, per_epoch = 0, None
+        while True:
+            if per_epoch is not None and skip >= per_epoch:
+                epoch, skip = epoch + skip // per_epoch, skip % per_epoch
+            count = 0
+            for item in self._epoch(shards, seed, epoch, slot):
+                count += 1
+                if skip:
+                    skip -= 1
+                    continue
+                yield item
+            if count == 0:
+                raise DataError(f"data.path={self.spec!r}: the shards of worker slot {slot} hold no records "
+                                f"({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''})")
+            epoch, per_epoch = epoch + 1, count
+
+    def _epoch(self, shards: list[str], seed: int, epoch: int, slot: int) -> Iterator[tuple[str, Record, int]]:
+        """One epoch of a slot: its shards in a seeded order, through a seeded shuffle buffer."""
+        rng = np.random.default_rng([seed, epoch, slot])
+        records = ((shards[i], record) for i in rng.permutation(len(shards)) for record in read_shard(shards[i]))
+        buffer: list[tuple[str, Record]] = []
+        for item in records:
+            if len(buffer) < max(1, self.shuffle_buffer):
+                buffer.append(item)
+                continue
+            k = int(rng.integers(len(buffer)))
+            buffer[k], item = item, buffer[k]
+            yield (*item, int(rng.integers(0, 2**62)))
+        for k in rng.permutation(len(buffer)) if self.shuffle_buffer else range(len(buffer)):
+            yield (*buffer[k], int(rng.integers(0, 2**62)))
+
+    def batch(self, raw: list[tuple[str, Record, int]]) -> dict[str, Any]:
+        """Decode and collate raw records; the unreadable ones go to `skipped` (DataError if all are)."""
+        from genforge.data.loader import collate
+
+        decoded = [self.decode(url, record, aug) for url, record, aug in raw]
+        skipped = [(s["key"], s["bad"]) for s in decoded if "bad" in s]
+        good, inconsistent = consistent([s for s in decoded if "bad" not in s])
+        skipped += inconsistent
+        if not good:
+            first = "; ".join(f"{key}: {reason}" for key, reason in skipped[:3])
+            raise DataError(f"every one of {len(raw)} records of a micro-batch was unreadable ({first}); is "
+                            f"data.path={self.spec!r} a set of webdataset image shards?")
+        batch = collate(good)
+        batch["skipped"] = skipped
+        return batch
+
+    def stream(self, micro_batch: int, world_size: int, rank: int, num_workers: int, seed: int,
+               consumed: int = 0) -> "ShardStream":
+        """This rank's stream of micro-batches, after the `consumed` micro-batches it already trained on."""
+        check_slots(len(self.urls), world_size, num_workers, self.spec)
+        return ShardStream(self, micro_batch, world_size, rank, max(1, num_workers), seed, consumed)
+
+
+class ShardStream(IterableDataset):
+    """One rank's micro-batches, forever; iterate it in a DataLoader with `batch_size=None` and
+    `num_workers` workers (0 when `workers` is 1)."""
+
+    def __init__(self, shards: ShardDataset, micro_batch: int, world_size: int, rank: int, workers: int,
+                 seed: int, consumed: int) -> None:
+        self.shards, self.micro_batch, self.world_size, self.rank = shards, micro_batch, world_size, rank
+        self.workers, self.seed, self.consumed = workers, seed, consumed
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if workers != self.workers:
+            raise RuntimeError(f"a stream built for {self.workers} worker(s) is read by {workers}")
+        # DataLoader worker w yields the rank's micro-batches consumed + w, consumed + w + W, ...: it plays
+        # the worker v that produces micro-batches v, v + W, ... and has produced ceil((consumed - v) / W)
+        v = (self.consumed + worker) % workers
+        done = max(0, -(-(self.consumed - v) // workers))
+        records = self.shards.slot_records(self.rank * workers + v, self.world_size * workers, self.seed,
+                                           skip=done * self.micro_batch)
+        while True:
+            yield self.shards.batch([next(records) for _ in range(self.micro_batch)])

@@ -1,0 +1,108 @@
+"""Frozen text encoders' embeddings stored in a cache folder (`genforge encode --text-encoder KIND`).
+
+Every distinct caption of the cache (and of its flipped variant) is encoded once; two files hold them:
+
+    text_embeds.safetensors   embeds float16 [U, L, D] (pads zero), mask bool [U, L] (True = token)
+    text_embeds.json          captions (row order), fingerprint, kind, path, max_length
+
+L is the longest tokenized caption (<= max_length); every row is padded to it, so batches stack.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from genforge.text.encoders import pad_rows, trim_rows
+
+if TYPE_CHECKING:
+    from genforge.data.loader import DataInfo
+    from genforge.text import TextEncoder, TextEncoderConfig
+
+EMBEDS_FILE = "text_embeds.safetensors"
+CAPTIONS_FILE = "text_embeds.json"
+
+
+@torch.no_grad()
+def write_text_embeds(encoder: "TextEncoder", cfg: "TextEncoderConfig", captions: Sequence[str], folder: Path,
+                      batch_size: int = 64, progress: bool = False) -> dict[str, Any]:
+    """Encode the distinct `captions` once, `batch_size` at a time, and write both files into `folder`; returns
+    the manifest's `text_encoder` entry."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from genforge.data.cache import CacheError
+
+    if not captions:
+        raise CacheError(f"--text-encoder {cfg.kind}: the data set has no captions to encode")
+    rows: list[Tensor] = []
+    batches = range(0, len(captions), batch_size)
+    for start in tqdm(batches, desc="text embeddings", unit="batch", disable=not progress):
+        rows += trim_rows(*encoder.encode(captions[start : start + batch_size]))  # [len, D] each
+    embeds, mask = pad_rows(rows, encoder.dim)  # [U, L, D], [U, L]
+    stored = embeds.half()
+    if not torch.isfinite(stored).all():
+        raise CacheError(f"the {cfg.kind} text embeddings overflow float16 (max |x| {embeds.abs().max().item():.4g})")
+    save_file({"embeds": stored, "mask": mask}, str(folder / EMBEDS_FILE))
+    entry = {"kind": cfg.kind, "path": cfg.path, "max_length": cfg.max_length, "fingerprint": encoder.fingerprint()}
+    (folder / CAPTIONS_FILE).write_text(json.dumps({**entry, "captions": list(captions)}, ensure_ascii=False))
+    return {**entry, "count": len(captions), "length": int(mask.shape[1]), "dim": encoder.dim,
+            "files": {"embeds": EMBEDS_FILE, "captions": CAPTIONS_FILE}}
+
+
+class TextEmbeds:
+    """The stored embeddings of a cache folder, looked up by caption (`entry`: the manifest's `text_encoder`)."""
+
+    def __init__(self, folder: Path, entry: dict[str, Any]) -> None:
+        from safetensors.torch import load_file
+
+        from genforge.data.cache import CacheError
+
+        files = entry["files"]
+        embeds_file, captions_file = folder / files["embeds"], folder / files["captions"]
+        try:
+            sidecar = json.loads(captions_file.read_text())
+            tensors = load_file(str(embeds_file))
+            self.embeds, self.mask = tensors["embeds"], tensors["mask"].bool()  # [U, L, D] float16, [U, L]
+        except Exception as err:  # a missing or torn file: name it
+            raise CacheError(f"the text embeddings of {folder} ({embeds_file.name}, {captions_file.name}) are not "
+                             f"readable ({type(err).__name__}: {err})") from None
+        captions = sidecar["captions"]
+        if sidecar["fingerprint"] != entry["fingerprint"] or not len(captions) == len(self.embeds) == entry["count"]:
+            raise CacheError(f"{captions_file} does not match {embeds_file.name} and the manifest (fingerprint or "
+                             "caption count differ)")
+        self.index = {caption: row for row, caption in enumerate(captions)}
+
+    def rows(self, texts: Sequence[str | None]) -> np.ndarray:
+        """Row of each caption, -1 for None (an uncaptioned sample)."""
+        from genforge.data.cache import CacheError
+
+        missing = next((t for t in texts if t is not None and t not in self.index), None)
+        if missing is not None:
+            raise CacheError(f"the caption {missing!r} has no stored text embedding")
+        return np.array([-1 if t is None else self.index[t] for t in texts], dtype=np.int64)
+
+    def __getitem__(self, row: int) -> tuple[Tensor, Tensor]:
+        """(text_embed float32 [L, D], text_mask bool [L]) of a row."""
+        return self.embeds[row].float(), self.mask[row]
+
+
+def use_cached_text_embeds(data: "DataInfo", encoder: "TextEncoder", path: str | None) -> bool:
+    """Whether a family should take `text_embed` / `text_mask` from the batches instead of encoding `text`: the
+    data is a cache whose embeddings `encoder` wrote. False when there are none or the encoder is trainable; a
+    CacheError when another frozen encoder wrote them."""
+    if data.text_encoder is None or encoder.trainable:
+        return False
+    if data.text_encoder != encoder.fingerprint():
+        from genforge.data.cache import CacheError
+
+        raise CacheError(f"the text embeddings in the cache {path} were written by another text encoder than the "
+                         f"configured one:\n  cache:      {data.text_encoder}\n  configured: {encoder.fingerprint()}"
+                         f"\nre-encode the cache with the configured encoder (genforge encode ... --text-encoder "
+                         f"{encoder.kind}) or configure model.text to match it")
+    return True

@@ -1,0 +1,124 @@
+"""Config of the `maskgit` family: a MUSE / MaskGIT masked-token transformer over a tokenizer's ids."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from genforge.config.base import StrictModel
+from genforge.text.config import TextEncoderConfig
+
+if TYPE_CHECKING:
+    from genforge.config.run import RunConfig
+    from genforge.data.loader import DataInfo
+    from genforge.engine.task import Task
+
+
+class TokensConfig(StrictModel):
+    """Where the token ids come from: a trained discrete tokenizer (a vqgan or dvae run), or `colour`, the
+    parameter-free stand-in codec (each block's quantised mean colour) for tests."""
+
+    codec: Literal["tokenizer", "colour"] = "tokenizer"
+    tokenizer: str | None = Field(None, description="codec=tokenizer: run directory of a vqgan/dvae run (its latest "
+                                                    "checkpoint's EMA weights encode and decode)")
+    factor: int = Field(2, ge=1, le=16, description="codec=colour: pixels per token along each side")
+    levels: int = Field(4, ge=2, le=16, description="codec=colour: levels per RGB channel (levels³ codes)")
+
+    @model_validator(mode="after")
+    def _tokenizer_for_tokenizer_codec(self) -> "TokensConfig":
+        if self.codec == "tokenizer" and not self.tokenizer:
+            raise ValueError("model.tokens.tokenizer (a vqgan or dvae run directory) is required when "
+                             "model.tokens.codec is 'tokenizer'")
+        if self.codec == "colour" and self.tokenizer:
+            raise ValueError("model.tokens.tokenizer applies to model.tokens.codec=tokenizer")
+        return self
+
+
+class MaskGITConfig(StrictModel):
+    """MUSE base transformer (Chang et al. 2023) trained with MaskGIT's masked-token objective (Chang et al. 2022)."""
+
+    family: Literal["maskgit"] = "maskgit"
+    default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
+    tokens: TokensConfig
+    codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
+                                                               "size (default: taken from it)")
+    seq_len: int | None = Field(None, gt=0, description="tokens per image; must equal the tokenizer's latent grid "
+                                                        "(h·w) at data.image_size (default: taken from it)")
+    depth: int = Field(8, gt=0)
+    width: int = Field(256, gt=0)
+    num_heads: int = Field(8, gt=0)
+    mlp_ratio: float = Field(4.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    conditioning: Literal["text", "class", "none"] = "text"
+    text: TextEncoderConfig = TextEncoderConfig()
+    num_classes: int | None = Field(None, gt=0, description="conditioning=class: default from the data set")
+    cond_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0, description="share of samples trained unconditionally "
+                                                                      "(classifier-free guidance)")
+    mask_schedule: Literal["cosine", "linear", "square"] = Field(
+        "cosine", description="γ(r), the masked share at r ~ U(0, 1) (MaskGIT §3.3: cosine)")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    sample_steps: int = Field(12, gt=0, description="parallel decoding iterations")
+    cfg_scale: float = Field(3.0, ge=1.0, description="classifier-free guidance scale (1: none)")
+    temperature: float = Field(1.0, gt=0.0, description="softmax temperature of the sampled tokens")
+    choice_temperature: float = Field(4.5, ge=0.0, description="Gumbel noise on the confidences, annealed "
+                                                               "linearly to 0 (MaskGIT's re-masking)")
+    sample_prompts: list[str] | None = Field(None, description="prompts of preview grids and of evaluation without "
+                                                                "--prompt (default for shapes data: held-out captions)")
+
+    @model_validator(mode="after")
+    def _widths(self) -> "MaskGITConfig":
+        if self.width % self.num_heads:
+            raise ValueError(f"model.width={self.width} must be divisible by model.num_heads={self.num_heads}")
+        if self.conditioning != "class" and self.num_classes is not None:
+            raise ValueError("model.num_classes applies to model.conditioning=class")
+        return self
+
+    def check_run(self, run: "RunConfig") -> None:
+        """Cross-field checks against the data section (raise ValueError naming the fields)."""
+        tokenizer = self.tokens.codec == "tokenizer"
+        if run.data.source == "cache" and not tokenizer:
+            raise ValueError("data.source=cache needs model.tokens.codec=tokenizer and model.tokens.tokenizer set "
+                             "to the tokenizer run that wrote the cache (it decodes the samples)")
+        if not tokenizer:  # the stand-in's grid and vocabulary are known now; a tokenizer's once it is loaded
+            self.check_tokens(run.data.image_size, self.tokens.factor, self.tokens.levels**3,
+                              "model.tokens.factor", "model.tokens.levels")
+        if self.conditioning == "text" and not self.sample_prompts and source_of(run) not in ("shapes", "unknown"):
+            raise ValueError("model.sample_prompts: a text-conditioned model on data other than shapes needs prompts "
+                             "for its preview grids and evaluation, e.g. --set 'model.sample_prompts=[\"a photo of "
+                             "a dog\"]'")
+
+    def check_tokens(self, image_size: int, downsample: int, codebook_size: int, downsample_source: str,
+                     codebook_source: str) -> None:
+        """model.codebook_size / seq_len against a tokenizer's (ValueError naming both sides)."""
+        if image_size % downsample:
+            raise ValueError(f"data.image_size={image_size} must be divisible by {downsample_source}={downsample}")
+        grid = (image_size // downsample) ** 2
+        if self.codebook_size is not None and self.codebook_size != codebook_size:
+            raise ValueError(f"model.codebook_size={self.codebook_size} differs from the codebook size of "
+                             f"{codebook_source} ({codebook_size}); set it to {codebook_size} or leave it out")
+        if self.seq_len is not None and self.seq_len != grid:
+            raise ValueError(f"model.seq_len={self.seq_len} differs from the token grid of {downsample_source} at "
+                             f"data.image_size={image_size} ({image_size // downsample}x{image_size // downsample} "
+                             f"= {grid}); set it to {grid} or leave it out")
+
+    def input_runs(self) -> dict[str, str]:
+        """Run directories this model is built from, by config field."""
+        return {"model.tokens.tokenizer": self.tokens.tokenizer} if self.tokens.codec == "tokenizer" else {}
+
+    def build_task(self, run: "RunConfig", data: "DataInfo") -> "Task":
+        from genforge.families.maskgit.task import MaskGITTask
+
+        return MaskGITTask(self, run, data)
+
+
+def source_of(run: "RunConfig") -> str:
+    """The source of the images the run trains on (for a cache: the source it was encoded from, when readable)."""
+    if run.data.source != "cache":
+        return run.data.source
+    from genforge.data.cache import CacheError, read_manifest
+
+    try:
+        return read_manifest(run.data.path).preprocessing.source
+    except CacheError:
+        return "unknown"

@@ -1,0 +1,88 @@
+"""Masked-token modelling (MaskGIT, Chang et al. 2022): the mask-ratio schedule, training masks, and
+iterative parallel decoding with confidence-based re-masking. Shared by the token generators (maskgit;
+phenaki over video tokens).
+
+Shapes: B batch, N tokens, K codebook size; `mask_id` = K is the [MASK] token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+
+def mask_ratio(r: Tensor, schedule: str = "cosine") -> Tensor:
+    """γ(r): the share of tokens masked at r ∈ [0, 1] (MaskGIT §3.3, eq. in "Masking design"): γ(0) = 1,
+    γ(1) = 0, decreasing. cosine: cos(πr/2); linear: 1 − r; square: 1 − r²."""
+    if schedule == "cosine":
+        return torch.cos(math.pi / 2 * r)
+    if schedule == "linear":
+        return 1 - r
+    if schedule == "square":
+        return 1 - r * r
+    raise ValueError(f"unknown mask schedule {schedule!r}; allowed: cosine, linear, square")
+
+
+def training_mask(r: Tensor, scores: Tensor, schedule: str = "cosine") -> Tensor:
+    """Bool mask [B, N] of the tokens to hide: for each row, the ⌈γ(r)·N⌉ (at least 1) positions with the
+    smallest `scores` [B, N] (i.i.d. uniform: a uniformly random subset). r [B] ~ U[0, 1)."""
+    n = scores.shape[1]
+    count = torch.ceil(mask_ratio(r, schedule) * n).clamp(1, n).long()  # [B]
+    ranks = scores.argsort(dim=1).argsort(dim=1)  # [B, N]: rank of each position's score within its row
+    return ranks < count[:, None]
+
+
+def guided_logits(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
+    """Classifier-free guidance on logits (Ho & Salimans 2022; MUSE §2.7): u + s·(c − u)."""
+    return uncond + scale * (cond - uncond)
+
+
+def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> Tensor:
+    """Standard Gumbel noise −log(−log u), u ~ U(0, 1)."""
+    u = torch.rand(shape, generator=generator, device=device).clamp_(1e-20, 1 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
+def masked_count(step: int, steps: int, n: int, schedule: str = "cosine") -> int:
+    """Tokens still masked after decoding iteration `step` (0-based) of `steps`: ⌊γ((step+1)/steps)·N⌋, but at
+    least one fewer than before (so every iteration reveals a token) and 0 after the last iteration."""
+    if step == steps - 1:
+        return 0
+    before = n if step == 0 else masked_count(step - 1, steps, n, schedule)
+    planned = int(math.floor(float(mask_ratio(torch.tensor((step + 1) / steps), schedule)) * n))
+    return max(0, min(planned, before - 1))
+
+
+@torch.no_grad()
+def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: int, steps: int,
+           generator: torch.Generator, device: torch.device, temperature: float = 1.0,
+           choice_temperature: float = 4.5, schedule: str = "cosine",
+           on_step: Callable[[int, Tensor], None] | None = None) -> Tensor:
+    """MaskGIT's iterative decoding (§3.2): start from all [MASK]; at each iteration sample every masked token
+    from softmax(logits / temperature), then re-mask the `masked_count` least confident of the newly sampled
+    ones, confidence = log p(sampled token) + choice_temperature·(1 − (t+1)/steps)·Gumbel noise. Tokens once
+    revealed stay. `logits_fn` maps ids [B, N] (mask_id where masked) to logits [B, N, K].
+    Returns ids [B, N] in [0, K), every position filled after exactly `steps` iterations."""
+    ids = torch.full((batch, n), mask_id, dtype=torch.long, device=device)  # [B, N]
+    for step in range(steps):
+        masked = ids == mask_id  # [B, N]
+        logits = logits_fn(ids).float()  # [B, N, K]
+        log_probs = torch.log_softmax(logits, dim=-1)
+        noise = gumbel_noise(logits.shape, generator, device)
+        sampled = torch.argmax(logits / temperature + noise, dim=-1)  # a draw from softmax(logits / T): [B, N]
+        sampled = torch.where(masked, sampled, ids)
+        confidence = log_probs.gather(-1, sampled[..., None])[..., 0]  # [B, N]
+        anneal = choice_temperature * (1 - (step + 1) / steps)
+        confidence = confidence + anneal * gumbel_noise(confidence.shape, generator, device)
+        confidence = confidence.masked_fill(~masked, float("inf"))  # revealed tokens are never re-masked
+        keep_masked = masked_count(step, steps, n, schedule)
+        ids = sampled
+        if keep_masked:
+            lowest = confidence.topk(keep_masked, dim=1, largest=False).indices  # [B, keep_masked]
+            ids = ids.scatter(1, lowest, mask_id)
+        if on_step is not None:
+            on_step(step, ids)
+    return ids

@@ -1,0 +1,105 @@
+"""MUSE's base transformer (Chang et al. 2023, "Muse: Text-To-Image Generation via Masked Generative
+Transformers", §2.2) over the token ids of a VQ tokenizer, as trained by MaskGIT (Chang et al. 2022).
+
+ids (+ [MASK]) -> token + learned position embeddings -> `depth` pre-norm blocks of self-attention,
+cross-attention to the conditioning context, MLP -> LayerNorm -> logits over the codebook.
+The context is a learned null token followed by the projected text embeddings (or one class embedding);
+classifier-free guidance's unconditional branch sees the null token alone.
+
+Shapes: B batch, N tokens, K codebook size, D width, L context tokens (null token included), E text width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from genforge.nn.attention import Attention, CrossAttention, Mlp
+
+
+class MaskTransformerBlock(nn.Module):
+    """Pre-norm block: x + SelfAttn(LN x), + CrossAttn(LN x, context), + MLP(LN x)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.cross_attn = CrossAttention(dim, dim, num_heads)
+        self.norm3 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
+        # x [B, N, D], context [B, L, D], context_mask bool [B, L]
+        x = x + self.dropout(self.attn(self.norm1(x)))
+        x = x + self.dropout(self.cross_attn(self.norm2(x), context, context_mask))
+        return x + self.dropout(self.mlp(self.norm3(x)))  # [B, N, D]
+
+
+class MaskGIT(nn.Module):
+    """Bidirectional transformer predicting every token of an image from the unmasked ones and a context.
+
+    text_dim > 0: the context is text embeddings [B, T, text_dim] projected to the width; num_classes > 0: one
+    class embedding; neither: the null token only (unconditional). The task attaches its text encoder as
+    `text_encoder` (a submodule when trainable, so it is optimised and averaged (EMA) with the transformer).
+    """
+
+    def __init__(self, codebook_size: int, seq_len: int, width: int, depth: int, num_heads: int,
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, text_dim: int = 0, num_classes: int = 0) -> None:
+        super().__init__()
+        if text_dim and num_classes:
+            raise ValueError("MaskGIT is conditioned on text or on classes, not both")
+        self.codebook_size, self.seq_len, self.mask_id = codebook_size, seq_len, codebook_size
+        self.token_embed = nn.Embedding(codebook_size + 1, width)  # + [MASK]
+        self.pos_embed = nn.Parameter(torch.zeros(1, seq_len, width))  # learned [1, N, D]
+        self.null_context = nn.Parameter(torch.zeros(1, 1, width))  # always attended to: the unconditional context
+        self.text_proj = nn.Sequential(nn.LayerNorm(text_dim), nn.Linear(text_dim, width)) if text_dim else None
+        self.class_embed = nn.Embedding(num_classes, width) if num_classes else None
+        self.embed_dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(MaskTransformerBlock(width, num_heads, mlp_ratio, dropout) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, codebook_size)
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """BERT / MaskGIT initialisation: N(0, 0.02) linears, embeddings and positions; zero biases."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+        nn.init.normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.null_context, std=0.02)
+
+    def context(self, drop: Tensor, text_embed: Tensor | None = None, text_mask: Tensor | None = None,
+                labels: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Context [B, L, D] and its mask bool [B, L]: the null token, then the condition unless `drop` [B] (bool:
+        classifier-free guidance's unconditional rows, which see the null token alone)."""
+        b = drop.shape[0]
+        null = self.null_context.expand(b, 1, -1)  # [B, 1, D]
+        keep_null = torch.ones(b, 1, dtype=torch.bool, device=drop.device)
+        if self.text_proj is not None:
+            tokens = self.text_proj(text_embed.to(null.dtype))  # [B, T, D]
+            mask = text_mask.bool() & ~drop[:, None]  # [B, T]
+        elif self.class_embed is not None:
+            tokens = self.class_embed(labels)[:, None]  # [B, 1, D]
+            mask = ~drop[:, None]
+        else:
+            return null, keep_null
+        return torch.cat([null, tokens], dim=1), torch.cat([keep_null, mask], dim=1)
+
+    def hidden(self, ids: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
+        """ids long [B, N] in [0, K] (K = [MASK]) -> final hidden states [B, N, D] (before the head)."""
+        if ids.shape[1] != self.seq_len:
+            raise ValueError(f"MaskGIT built for {self.seq_len} tokens, got {tuple(ids.shape)}")
+        x = self.embed_dropout(self.token_embed(ids) + self.pos_embed)  # [B, N, D]
+        for block in self.blocks:
+            x = block(x, context, context_mask)
+        return self.norm(x)  # [B, N, D]
+
+    def forward(self, ids: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
+        """ids [B, N] -> logits [B, N, K]."""
+        return self.head(self.hidden(ids, context, context_mask))

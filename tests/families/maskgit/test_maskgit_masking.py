@@ -1,0 +1,77 @@
+"""MaskGIT's mask schedule, training masks and iterative decoding (genforge/families/maskgit/masking.py)."""
+
+import math
+
+import pytest
+import torch
+
+from genforge.families.maskgit.masking import decode, mask_ratio, masked_count, training_mask
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "square"])
+def test_mask_ratio_goes_from_all_to_none_and_decreases(schedule):
+    r = torch.linspace(0, 1, 101)
+    gamma = mask_ratio(r, schedule)
+    assert gamma[0] == 1 and abs(gamma[-1]) < 1e-6
+    assert (gamma[1:] <= gamma[:-1]).all()
+
+
+def test_cosine_training_masks_hide_two_over_pi_of_the_tokens_on_average():
+    gen = torch.Generator().manual_seed(0)
+    b, n = 20_000, 256
+    r, scores = torch.rand(b, generator=gen), torch.rand(b, n, generator=gen)
+    mask = training_mask(r, scores, "cosine")
+    # E_r[cos(πr/2)] = 2/π; the ceiling adds < 1/N
+    assert mask.float().mean().item() == pytest.approx(2 / math.pi, abs=0.006)
+    counts = torch.ceil(torch.cos(math.pi / 2 * r) * n).clamp(1, n)
+    assert torch.equal(mask.sum(1), counts.long())  # exactly ⌈γ(r)·N⌉ per row, at least one
+    per_position = mask.float().mean(0)  # a uniformly random subset: every position equally often
+    assert (per_position - per_position.mean()).abs().max() < 0.03
+
+
+def test_masked_count_reveals_at_least_one_token_per_step_and_ends_at_zero():
+    for steps, n in [(12, 64), (8, 256), (1, 16), (20, 8)]:
+        counts = [masked_count(s, steps, n) for s in range(steps)]
+        assert counts[-1] == 0
+        previous = n
+        for c in counts:
+            assert c <= max(previous - 1, 0) and c >= 0
+            previous = c
+    # the cosine schedule at 12 steps of 64 tokens: ⌊64·cos(π/2·t/12)⌋
+    assert [masked_count(s, 12, 64) for s in range(3)] == [63, 61, 59]
+
+
+def test_decode_fills_every_position_in_exactly_the_given_steps_and_keeps_revealed_tokens():
+    b, n, k, steps = 3, 64, 10, 12
+    seen, states = [], []
+    logits = torch.randn(b, n, k, generator=torch.Generator().manual_seed(1))
+
+    def logits_fn(ids):
+        seen.append((ids == k).sum(1))
+        return logits
+
+    ids = decode(logits_fn, b, n, mask_id=k, steps=steps, generator=torch.Generator().manual_seed(0),
+                 device=torch.device("cpu"), on_step=lambda s, x: states.append(x.clone()))
+    assert len(seen) == steps and (seen[0] == n).all()
+    assert ids.shape == (b, n) and (ids != k).all() and ids.max() < k
+    for step, state in enumerate(states):
+        assert ((state == k).sum(1) == masked_count(step, steps, n)).all()
+        if step:
+            revealed = states[step - 1] != k
+            assert torch.equal(state[revealed], states[step - 1][revealed])
+    assert torch.equal(states[-1], ids)
+
+
+def test_decode_samples_from_the_logits_and_is_reproducible():
+    b, n, k = 4, 16, 5
+    peaked = torch.full((b, n, k), -30.0)
+    peaked[..., 3] = 30.0
+    out = decode(lambda ids: peaked, b, n, k, 4, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert (out == 3).all()
+    flat = torch.zeros(b, n, k)
+    run = lambda: decode(lambda ids: flat, b, n, k, 4, torch.Generator().manual_seed(7), torch.device("cpu"))
+    assert torch.equal(run(), run())
+    many = decode(lambda ids: torch.zeros(512, n, k), 512, n, k, 4, torch.Generator().manual_seed(1),
+                  torch.device("cpu"))
+    freq = torch.bincount(many.flatten(), minlength=k).float() / many.numel()
+    assert (freq - 1 / k).abs().max() < 0.02  # uniform logits: uniform tokens
