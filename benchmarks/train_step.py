@@ -52,6 +52,36 @@ def bench(batch: int, precision: str, steps: int, warmup: int, device: str, comp
     return statistics.median(times)
 
 
+def matmul_gflops(threads_note: str, size: int = 2048, repeats: int = 10) -> float:
+    """The machine's practical fp32 ceiling: GFLOP/s of a size×size matmul (median of `repeats`)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    gflops = 2 * size**3 / statistics.median(times) / 1e9
+    print(f"  fp32 matmul {size}x{size} ({threads_note}): {gflops:.0f} GFLOP/s")
+    return gflops
+
+
+def train_flops_per_image() -> float:
+    """Forward + backward FLOPs of one DiT-S/2 training image on 4x32x32 latents (256 tokens), ~3x the forward:
+    2 FLOPs per multiply-add of every per-token weight (the adaLN regressions act once per image), plus
+    attention's two N×N×D products per layer."""
+    cfg = load_config("dit-shapes", ["model.size=S/2", "model.depth=null", "model.hidden_size=null",
+                                     "model.num_heads=null", "model.patch_size=null", "data.image_size=32"])
+    with torch.device("meta"):
+        task = cfg.model.build_task(cfg, DataInfo(num_classes=1000, channels=4, image_size=32))
+    model, tokens = task.model, 256
+    per_image = {id(p) for name, p in model.named_parameters() if "adaLN" in name or "embedder" in name}
+    per_token = sum(p.numel() for p in model.parameters() if id(p) not in per_image)
+    width, depth = model.blocks[0].attn.qkv.in_features, len(model.blocks)
+    forward = 2 * per_token * tokens + depth * 2 * 2 * tokens * tokens * width
+    return 3 * forward
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -64,10 +94,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"DiT-S/2, 4x32x32 latents, {device}, {args.threads} threads, median of {args.steps} steps")
+    ceiling = matmul_gflops(f"{args.threads} threads") if device == "cpu" else None
+    flops = train_flops_per_image()
+    print(f"  one training image = {flops / 1e9:.1f} GFLOP (forward + backward)"
+          + (f": at most {ceiling * 1e9 / flops:.1f} images/s at the matmul rate" if ceiling else ""))
     for precision in args.precision:
         for batch in args.batch:
             sec = bench(batch, precision, args.steps, args.warmup, device, args.compile)
-            print(f"  {precision:>4}  batch {batch:>3}: {sec * 1000:8.1f} ms/step  {batch / sec:7.1f} images/s")
+            print(f"  {precision:>4}  batch {batch:>3}: {sec * 1000:8.1f} ms/step  {batch / sec:7.1f} images/s  "
+                  f"({batch / sec * flops / 1e9:.0f} GFLOP/s)")
 
 
 if __name__ == "__main__":

@@ -133,10 +133,9 @@ def sample(
         _fail(str(err))
     path = out or run_dir / "samples" / f"sample-step{run.step:06d}-seed{seed}.png"
     grid, nrow = run.task.preview(cond, images)
-    save_grid(grid, path, nrow)
+    save_grid(grid, path, nrow, cond.get("text"))
     typer.echo(f"wrote {n} samples ({json.dumps(run.task.sampler_settings(**opts))}) to {path}")
     if "text" in cond:
-        path.with_suffix(".txt").write_text("".join(f"{t}\n" for t in cond["text"]), encoding="utf-8")
         typer.echo(f"prompts, one per cell in reading order: {path.with_suffix('.txt')}")
 
 

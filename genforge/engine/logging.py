@@ -34,10 +34,13 @@ def image_grid(images: Tensor, nrow: int | None = None, pad: int = 2) -> np.ndar
     return np.pad(out, ((0, pad), (0, pad), (0, 0)), constant_values=255)
 
 
-def save_grid(images: Tensor, path: Path, nrow: int | None = None) -> Path:
-    """Write a PNG grid of images in [-1, 1]."""
+def save_grid(images: Tensor, path: Path, nrow: int | None = None, captions: list[str] | None = None) -> Path:
+    """Write a PNG grid of images in [-1, 1]; with `captions` (the prompts), also `<path>.txt`, one per cell in
+    reading order."""
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(image_grid(images, nrow)).save(path)
+    if captions is not None:
+        path.with_suffix(".txt").write_text("".join(f"{c}\n" for c in captions), encoding="utf-8")
     return path
 
 

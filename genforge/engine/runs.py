@@ -133,3 +133,26 @@ def load_codec(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple
                      codebook_size=codebook_size, downsample=int(codec.downsample),
                      image_size=run.config.data.image_size)
     return codec, info
+
+
+KIND_NAMES = {"latent": "continuous latents", "tokens": "discrete tokens"}
+
+
+def load_input_codec(run_dir: str, field: str, kind: str, model: str, data: DataInfo,
+                     cache_path: str | None) -> tuple[nn.Module, CodecInfo]:
+    """The frozen codec of the tokenizer run a generator (`model`, e.g. "DiT") is built on, from the config field
+    `field`: it must make `kind` ("latent" or "tokens"), and when the data is a cache, be the one that wrote it.
+    Errors name the field."""
+    from genforge.data.cache import check_cache
+    from genforge.engine.checkpoint import CheckpointReadError
+
+    try:
+        codec, info = load_codec(run_dir, device=torch.get_default_device())
+    except (ConfigError, CheckpointReadError) as err:
+        raise ConfigError(f"{field}: {err}") from None
+    if info.kind != kind:
+        wanted = "a klvae run" if kind == "latent" else "a vqgan or dvae run"
+        raise ValueError(f"{field}={run_dir} is a {info.family!r} tokenizer of {KIND_NAMES[info.kind]}; {model} "
+                         f"models {KIND_NAMES[kind]} (use {wanted})")
+    check_cache(data, info, cache_path)
+    return codec, info

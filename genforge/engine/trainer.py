@@ -318,7 +318,8 @@ class Trainer:
             cond = self.task.sample_conditions(self.cfg.train.num_samples, gen)
             images, nrow = self.task.preview(cond, self.task.sample(cond, gen))
         self.task.train()
-        path = save_grid(images, self.run_dir / "samples" / f"{step_dir_name(self.step)}.png", nrow)
+        path = self.run_dir / "samples" / f"{step_dir_name(self.step)}.png"
+        save_grid(images, path, nrow, captions=cond.get("text"))  # a text model's prompts go beside the grid
         self.logger.image(self.step, "samples", path)
         return path
 

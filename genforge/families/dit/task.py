@@ -52,19 +52,10 @@ class DiTTask(Task):
             return None
         if cfg.latent.codec == "space_to_depth":
             return SpaceToDepthCodec(data.channels, cfg.latent.factor, cfg.latent.scale)
-        from genforge.config import ConfigError
-        from genforge.data.cache import check_cache
-        from genforge.engine.checkpoint import CheckpointReadError
-        from genforge.engine.runs import load_codec
+        from genforge.engine.runs import load_input_codec
 
-        try:
-            codec, info = load_codec(cfg.latent.tokenizer, device=torch.get_default_device())
-        except (ConfigError, CheckpointReadError) as err:
-            raise ConfigError(f"model.latent.tokenizer: {err}") from None
-        if info.kind != "latent":
-            raise ValueError(f"model.latent.tokenizer={cfg.latent.tokenizer} is a {info.family!r} tokenizer of "
-                             "discrete tokens; DiT models continuous latents (use a klvae run)")
-        check_cache(data, info, run.data.path)
+        codec, info = load_input_codec(cfg.latent.tokenizer, "model.latent.tokenizer", "latent", "DiT", data,
+                                       run.data.path)
         cfg.check_grid(data.image_size, info.downsample, f"the downsampling of {cfg.latent.tokenizer}")
         return codec
 

@@ -58,19 +58,10 @@ class MaskGITTask(Task):
         """The token codec of `model.tokens` and the config field it comes from (checked against a cache)."""
         if cfg.tokens.codec == "colour":
             return ColourQuantizerCodec(cfg.tokens.factor, cfg.tokens.levels), "model.tokens.factor/levels"
-        from genforge.config import ConfigError
-        from genforge.data.cache import check_cache
-        from genforge.engine.checkpoint import CheckpointReadError
-        from genforge.engine.runs import load_codec
+        from genforge.engine.runs import load_input_codec
 
-        try:
-            codec, info = load_codec(cfg.tokens.tokenizer, device=torch.get_default_device())
-        except (ConfigError, CheckpointReadError) as err:
-            raise ConfigError(f"model.tokens.tokenizer: {err}") from None
-        if info.kind != "tokens":
-            raise ValueError(f"model.tokens.tokenizer={cfg.tokens.tokenizer} is a {info.family!r} tokenizer of "
-                             "continuous latents; MaskGIT models discrete token ids (use a vqgan or dvae run)")
-        check_cache(data, info, run.data.path)
+        codec, _ = load_input_codec(cfg.tokens.tokenizer, "model.tokens.tokenizer", "tokens", "MaskGIT", data,
+                                    run.data.path)
         return codec, f"the tokenizer {cfg.tokens.tokenizer}"
 
     @staticmethod
