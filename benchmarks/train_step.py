@@ -52,9 +52,10 @@ def bench(batch: int, precision: str, steps: int, warmup: int, device: str, comp
     return statistics.median(times)
 
 
-def matmul_gflops(threads_note: str, size: int = 2048, repeats: int = 10) -> float:
-    """The machine's practical fp32 ceiling: GFLOP/s of a size×size matmul (median of `repeats`)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_gflops(threads_note: str, dtype: torch.dtype = torch.float32, size: int = 1024, repeats: int = 5) -> float:
+    """The machine's practical ceiling: GFLOP/s of a size×size matmul in `dtype` (median of `repeats`). A CPU
+    without native bf16 (AVX-512-BF16 / AMX) runs bf16 matmuls far slower than fp32."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b
     times = []
     for _ in range(repeats):
@@ -62,7 +63,7 @@ def matmul_gflops(threads_note: str, size: int = 2048, repeats: int = 10) -> flo
         a @ b
         times.append(time.perf_counter() - t0)
     gflops = 2 * size**3 / statistics.median(times) / 1e9
-    print(f"  fp32 matmul {size}x{size} ({threads_note}): {gflops:.0f} GFLOP/s")
+    print(f"  {str(dtype).removeprefix('torch.')} matmul {size}x{size} ({threads_note}): {gflops:.1f} GFLOP/s")
     return gflops
 
 
@@ -95,6 +96,8 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"DiT-S/2, 4x32x32 latents, {device}, {args.threads} threads, median of {args.steps} steps")
     ceiling = matmul_gflops(f"{args.threads} threads") if device == "cpu" else None
+    if device == "cpu" and "bf16" in args.precision:
+        matmul_gflops(f"{args.threads} threads", torch.bfloat16)
     flops = train_flops_per_image()
     print(f"  one training image = {flops / 1e9:.1f} GFLOP (forward + backward)"
           + (f": at most {ceiling * 1e9 / flops:.1f} images/s at the matmul rate" if ceiling else ""))
