@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
 from genforge.config.base import DataConfig, StrictModel
 from genforge.data.images import flip_drawn
-from genforge.data.loader import DataInfo
+from genforge.data.loader import DataInfo, dataset_size
 from genforge.data.text_embeds import TextEmbeds
 from genforge.engine.checkpoint import TMP_PREFIX, fsync_dir, fsync_tree, write_atomically
 
@@ -227,7 +227,7 @@ def _write_shards(codec: nn.Module, info: "CodecInfo", data: DataConfig, dataset
     shards: list[str] = []
     skipped: list[dict[str, str]] = []
     count, first, top_label = 0, None, -1
-    total = None if isinstance(dataset, IterableDataset) else len(dataset)  # webdataset shards: one ordered pass
+    total = dataset_size(dataset)  # None for webdataset shards: one ordered pass
     with ShardWriter(str(folder / SHARD_PATTERN), maxcount=shard_size, verbose=0,
                      post=lambda name: shards.append(Path(name).name)) as sink, \
             tqdm(total=total, unit="img", desc="encoding", disable=not progress) as bar:

@@ -26,11 +26,15 @@ def mask_ratio(r: Tensor, schedule: str = "cosine") -> Tensor:
     raise ValueError(f"unknown mask schedule {schedule!r}; allowed: cosine, linear, square")
 
 
+def hidden_count(r: Tensor, n: int, schedule: str = "cosine") -> Tensor:
+    """Tokens hidden in training for mask-ratio draws r [B] ~ U[0, 1): ⌈γ(r)·N⌉, at least 1 -> long [B]."""
+    return torch.ceil(mask_ratio(r, schedule) * n).clamp(1, n).long()
+
+
 def training_mask(r: Tensor, scores: Tensor, schedule: str = "cosine") -> Tensor:
-    """Bool mask [B, N] of the tokens to hide: for each row, the ⌈γ(r)·N⌉ (at least 1) positions with the
-    smallest `scores` [B, N] (i.i.d. uniform: a uniformly random subset). r [B] ~ U[0, 1)."""
-    n = scores.shape[1]
-    count = torch.ceil(mask_ratio(r, schedule) * n).clamp(1, n).long()  # [B]
+    """Bool mask [B, N] of the tokens to hide: for each row, the `hidden_count` positions with the smallest
+    `scores` [B, N] (i.i.d. uniform: a uniformly random subset). r [B] ~ U[0, 1)."""
+    count = hidden_count(r, scores.shape[1], schedule)  # [B]
     ranks = scores.argsort(dim=1).argsort(dim=1)  # [B, N]: rank of each position's score within its row
     return ranks < count[:, None]
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from genforge.engine.task import Batch, Task
 from genforge.families.maskgit.config import MaskGITConfig
-from genforge.families.maskgit.masking import decode, guided_logits, mask_ratio, training_mask
+from genforge.families.maskgit.masking import decode, guided_logits, hidden_count, training_mask
 from genforge.families.maskgit.model import MaskGIT
 from genforge.data.text_embeds import use_cached_text_embeds
 from genforge.nn.codec import ColourQuantizerCodec
@@ -125,7 +125,7 @@ class MaskGITTask(Task):
         rng = batch["rng"]
         n = ids.shape[1]
         r_all = rng.rand_global()  # [G]: the mask ratio draw of every sample of the step
-        masked_total = torch.ceil(mask_ratio(r_all, self.cfg.mask_schedule) * n).clamp(1, n).sum()
+        masked_total = hidden_count(r_all, n, self.cfg.mask_schedule).sum()  # every masked token of the step
         mask = training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule)  # [B, N] True = hidden
         drop = rng.rand() < self.cfg.cond_dropout_prob  # [B]: unconditional rows (classifier-free guidance)
         context, context_mask = self.context(batch, drop)
