@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+import torch
 from pydantic import Field
+from torch import Tensor
 
 from genforge.config.base import StrictModel
+
+if TYPE_CHECKING:
+    from genforge.engine.random import BatchRandom
 
 
 class DiffusionConfig(StrictModel):
@@ -21,10 +26,23 @@ class DiffusionConfig(StrictModel):
     )
     min_snr_gamma: float | None = Field(None, gt=0.0, description="Min-SNR-γ loss weighting (Hang et al. 2023); "
                                                                    "5 is the paper's choice; None: plain MSE")
+    timestep_sampling: Literal["uniform", "logit_normal"] = Field(
+        "uniform", description="training timesteps: uniform (DDPM Algorithm 1), or t/T ~ logit-normal (Esser et al. "
+                               "2024, SD3 §3.1), which puts the training steps where timestep_mean says")
+    timestep_mean: float = Field(0.0, ge=-5.0, le=5.0, description="logit_normal: mean of logit(t/T); > 0 draws "
+                                                                    "more high-noise steps")
+    timestep_std: float = Field(1.0, gt=0.0, le=5.0, description="logit_normal: std of logit(t/T)")
     sampler: Literal["ddpm", "ddim"] = "ddpm"
     sample_steps: int = Field(250, ge=1, description="respaced steps used for sampling")
     ddim_eta: float = Field(0.0, ge=0.0, le=1.0)
     cfg_scale: float = Field(4.0, ge=1.0, description="classifier-free guidance scale; 1 disables")
+
+    def draw_timesteps(self, rng: "BatchRandom") -> Tensor:
+        """Training timesteps long [B] in {0, …, T−1} from the batch's random stream."""
+        if self.timestep_sampling == "uniform":
+            return rng.randint(self.num_timesteps)
+        u = torch.sigmoid(self.timestep_mean + self.timestep_std * rng.randn())  # (0, 1), logit-normal
+        return (u * self.num_timesteps).long().clamp_(max=self.num_timesteps - 1)
 
     def build(self, sample_steps: int | None = None):
         """The diffusion process; for sampling pass `sample_steps` (respaced), for training leave None."""

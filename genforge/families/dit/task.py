@@ -81,7 +81,7 @@ class DiTTask(Task):
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         x = self.to_model_space(batch)  # [B, C, h, w]
         rng = batch["rng"]
-        t = rng.randint(self.diffusion.num_timesteps)  # [B]
+        t = self.cfg.diffusion.draw_timesteps(rng)  # [B]
         noise = rng.randn(*x.shape[1:]).to(x.dtype)  # [B, C, h, w]
         kwargs = {}
         if self.num_classes:
