@@ -260,12 +260,6 @@ class GaussianDiffusion:
         terms["loss"] = weighted + terms["vb"] if "vb" in terms else weighted
         return terms
 
-    def sample_timesteps(self, batch_size: int, device: torch.device | str = "cpu",
-                         generator: torch.Generator | None = None) -> Tensor:
-        """t ~ U{0, …, T−1}, long [batch_size] (DDPM Algorithm 1)."""
-        source = generator.device if generator is not None else device
-        return torch.randint(0, self.num_timesteps, (batch_size,), generator=generator, device=source).to(device)
-
     # ---------------------------------------------------------------------------------- samplers
     @staticmethod
     def _randn(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
