@@ -2,8 +2,9 @@
 
 A step = IDDPM loss (hybrid, learned sigma) forward + backward + fused AdamW step + EMA update, as the
 trainer does it. Prints ms/step and images/s, median of --steps steps after --warmup, for each batch size
-and precision. Reference on the 2-core CPU machine: facebookresearch/DiT's implementation of the same model
-runs at about 6 images/s (fp32) and 12 images/s (bf16 autocast) at batch 32.
+and precision. The foundation issue quotes facebookresearch/DiT at about 6 images/s (fp32) and 12 images/s
+(bf16 autocast) at batch 32; measured beside genforge on the 2-core CPU machine with `--reference`, it runs at
+2.5 images/s fp32, as genforge does: both at the CPU's matmul rate (docs/dit.md).
 
 `--reference DIR` also times facebookresearch/DiT itself, from a checkout at DIR (`git clone
 https://github.com/facebookresearch/DiT`), in the same run: its `models.py` DiT-S/2 and its `diffusion`
@@ -125,8 +126,9 @@ class ReferenceTimmLayers:
         def __init__(self, in_features: int, hidden_features: int, act_layer: Callable[[], nn.Module] = nn.GELU,
                      drop: float = 0.0):
             super().__init__()
-            self.fc1, self.act, self.fc2 = nn.Linear(in_features, hidden_features), act_layer(), nn.Linear(
-                hidden_features, in_features)
+            self.fc1 = nn.Linear(in_features, hidden_features)
+            self.act = act_layer()
+            self.fc2 = nn.Linear(hidden_features, in_features)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc2(self.act(self.fc1(x)))
