@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from genforge.config import RunConfig, load_config
+from genforge.app.config import RunConfig, load_config
 from genforge.data.cache import encode_dataset, manifest_summary
-from genforge.engine.runs import load_codec
-from genforge.engine.trainer import Trainer
+from genforge.app.runs import load_codec
+from genforge.app.runs import make_trainer
 
 # DiT-S/2 as in the paper; --set overrides come after these
 DEFAULT_DIT = ["model.size=S/2", "model.depth=null", "model.hidden_size=null", "model.num_heads=null",
@@ -36,7 +36,7 @@ DEFAULT_DIT = ["model.size=S/2", "model.depth=null", "model.hidden_size=null", "
 
 def steps_per_second(cfg: RunConfig, run_dir: Path) -> float:
     """Optimizer steps per second over the second half of `cfg.train.steps`, from the run's metrics."""
-    Trainer(cfg, run_dir).fit()
+    make_trainer(cfg, run_dir).fit()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if "samples_per_s" in r][-1]["samples_per_s"] / cfg.train.batch_size
 
@@ -55,7 +55,7 @@ def train_tokenizer(preset: str, overrides: list[str], run_dir: Path) -> Path:
     """A tokenizer run of `preset`, trained for one step (enough to time its encoder)."""
     cfg = load_config(preset, [*overrides, "train.steps=1", "train.sample_every=0", "train.checkpoint_every=0",
                                "eval.every=0", "log.progress=false", "log.tensorboard=false"])
-    Trainer(cfg, run_dir).fit()
+    make_trainer(cfg, run_dir).fit()
     return run_dir
 
 

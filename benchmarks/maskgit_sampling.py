@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from genforge.config import load_config
-from genforge.engine.random import BatchRandom
-from genforge.engine.runs import build_task, load_run
+from genforge.app.config import load_config
+from genforge.core.random import BatchRandom
+from genforge.app.runs import build_task, load_run
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
     times = []
     for i in range(args.repeats + 1):
         t0 = time.perf_counter()
-        task.sample(cond, torch.Generator().manual_seed(i), steps=args.steps, cfg_scale=args.cfg_scale)
+        task.sample(cond, torch.Generator().manual_seed(i), args.batch, steps=args.steps, cfg_scale=args.cfg_scale)
         times.append(time.perf_counter() - t0)
     sample_s = statistics.median(times[1:])
     dims = f"depth {cfg.model.depth}, width {cfg.model.width}, {task.grid}x{task.grid} tokens"

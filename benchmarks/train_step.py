@@ -34,10 +34,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from genforge.config import load_config
+from genforge.app.runs import build_task
+from genforge.app.config import load_config
 from genforge.data.loader import DataInfo
 from genforge.engine.ema import EMA
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
 
 
 # The paper's DiT-S/2 and its diffusion (ε-prediction, linear schedule, learned sigma with the hybrid loss), on
@@ -70,7 +71,7 @@ def bench(batch: int, precision: str, steps: int, warmup: int, device: str, comp
     """genforge: the DiT task's loss, fused AdamW and genforge's EMA, as the trainer runs them."""
     cfg = load_config("dit-shapes", DIT_S2)
     torch.manual_seed(0)
-    task = cfg.model.build_task(cfg, DataInfo(num_classes=1000, channels=4, image_size=32)).to(device)
+    task = build_task(cfg, DataInfo(num_classes=1000, channels=4, image_size=32)).to(device)
     opt = torch.optim.AdamW(task.parameters(), lr=1e-4, weight_decay=0, fused=True)
     ema = EMA(task.model, 0.9999)
     if compile_model:
@@ -196,7 +197,7 @@ def train_flops_per_image() -> float:
     attention's two N×N×D products per layer."""
     cfg = load_config("dit-shapes", DIT_S2)
     with torch.device("meta"):
-        task = cfg.model.build_task(cfg, DataInfo(num_classes=1000, channels=4, image_size=32))
+        task = build_task(cfg, DataInfo(num_classes=1000, channels=4, image_size=32))
     model, tokens = task.model, 256
     per_image = {id(p) for name, p in model.named_parameters() if "adaLN" in name or "embedder" in name}
     per_token = sum(p.numel() for p in model.parameters() if id(p) not in per_image)

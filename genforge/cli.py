@@ -8,7 +8,21 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import torch
+import torch.distributed as dist
 import typer
+
+from genforge.app.config import ConfigError, list_presets, load_config, to_yaml
+from genforge.app.encode import encode_dataset
+from genforge.app.runs import build_task, count_parameters, load_codec, load_run, make_trainer, missing_inputs
+from genforge.data.cache import MANIFEST, manifest_summary
+from genforge.data.shapes import write_shapes_folder, write_shapes_shards
+from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
+from genforge.engine.logging import write_samples
+from genforge.engine.preemption import Preempted
+from genforge.engine.trainer import TrainingError
+from genforge.eval.run import evaluate_task, generate, write_eval_results
+from genforge.text.config import TextEncoderConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train generative vision models: tokenizers and generators, one engine.")
@@ -30,16 +44,12 @@ def train(
     fresh: Annotated[bool, typer.Option("--fresh", help="start over in a new run directory")] = False,
 ) -> None:
     """Train; running the same command again resumes from the latest checkpoint."""
-    from genforge.config import ConfigError, load_config, to_yaml
-
     try:
         cfg = load_config(config, set_ or [])
     except ConfigError as err:
         _fail(str(err))
     target = run_dir or Path("runs") / cfg.name
     if dry_run:
-        from genforge.engine.runs import build_task, count_parameters, missing_inputs
-
         missing = missing_inputs(cfg)
         if missing:  # a pipeline stage whose inputs earlier stages make: the config is valid, the model unknown
             typer.echo(to_yaml(cfg).rstrip())
@@ -55,12 +65,8 @@ def train(
         typer.echo("# parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
         typer.echo(f"# run directory: {target}")
         return
-    from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
-    from genforge.engine.preemption import Preempted
-    from genforge.engine.trainer import Trainer, TrainingError
-
     try:
-        trainer = Trainer(cfg, target, fresh=fresh)
+        trainer = make_trainer(cfg, target, fresh=fresh)
     except (ValueError, FileNotFoundError) as err:
         _fail(str(err))
     try:
@@ -72,17 +78,13 @@ def train(
     except (TrainingError, CheckpointError) as err:
         _fail(str(err), code=1)
     if trainer.accelerator.is_main_process:
-        samples = sorted((out / "samples").glob("*.png"))
+        samples = sorted((out / "samples").glob("step-*.*"))
         typer.echo(f"run directory: {out}")
         if samples:
             typer.echo(f"samples: {samples[-1]}")
 
 
 def _open_run(run_dir: Path):
-    from genforge.config import ConfigError
-    from genforge.engine.checkpoint import CheckpointReadError
-    from genforge.engine.runs import load_run
-
     device = "cuda" if _cuda() else "cpu"
     try:
         return load_run(run_dir, device=device), device
@@ -91,8 +93,6 @@ def _open_run(run_dir: Path):
 
 
 def _cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -114,9 +114,6 @@ def sample(
                                                          "them")] = None,
 ) -> None:
     """Write a PNG grid of samples from the run's EMA weights (and the prompts, one per cell, beside it)."""
-    from genforge.engine.logging import save_grid
-    from genforge.eval.run import generate
-
     prompt_list = _read_prompts(prompts) if prompts is not None else None
     if prompt is not None and prompt_list is not None:
         _fail("--prompt and --prompts: give one of them")
@@ -131,9 +128,11 @@ def sample(
         images, cond = generate(run.task, n, seed, device, progress=True, **opts)
     except ValueError as err:
         _fail(str(err))
-    path = out or run_dir / "samples" / f"sample-step{run.step:06d}-seed{seed}.png"
-    grid, nrow = run.task.preview(cond, images)
-    save_grid(grid, path, nrow, cond.get("text"))
+    try:
+        default = run_dir / "samples" / f"sample-step{run.step:06d}-seed{seed}"
+        path = write_samples(run.task, cond, images, out or default)
+    except ConfigError as err:  # an --out suffix no writer has, or one that cannot show these outputs
+        _fail(str(err))
     typer.echo(f"wrote {n} samples ({json.dumps(run.task.sampler_settings(**opts))}) to {path}")
     if "text" in cond:
         typer.echo(f"prompts, one per cell in reading order: {path.with_suffix('.txt')}")
@@ -169,10 +168,6 @@ def evaluate(
     = None,
 ) -> None:
     """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch)."""
-    import torch.distributed as dist
-
-    from genforge.eval.run import evaluate_task
-
     _join_process_group()
     run, device = _open_run(run_dir)
     names = metrics.split(",") if metrics else run.config.eval.metrics
@@ -180,7 +175,8 @@ def evaluate(
     try:
         run.config.eval.ref = ref or run.config.eval.ref
         run.config.eval.is_weights = is_weights or run.config.eval.is_weights
-        results = evaluate_task(run.task, run.config, names, n or run.config.eval.n, seed, device, **opts)
+        results = evaluate_task(run.task, run.config.data, run.config.eval, names, n or run.config.eval.n, seed,
+                                device, **opts)
     except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights, --ref
         _fail(str(err))
     finally:
@@ -188,9 +184,7 @@ def evaluate(
             dist.destroy_process_group()
     if not results:  # ranks other than 0
         return
-    out = run_dir / "eval" / f"{run.step}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"step": run.step, **results}, indent=1))
+    out = write_eval_results(run_dir, run.step, results)
     for key, value in results.items():
         if isinstance(value, list):
             value = f"{len(value)} values, in the JSON"
@@ -201,9 +195,6 @@ def evaluate(
 def _join_process_group() -> None:
     """Under torchrun / accelerate launch (WORLD_SIZE > 1): join the process group, so that `eval` splits the
     samples over the processes (gloo on CPUs, NCCL on GPUs, one GPU per local rank)."""
-    import torch
-    import torch.distributed as dist
-
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -230,11 +221,6 @@ def encode(
 ) -> None:
     """Encode a data set once with a tokenizer: latents or token ids as webdataset shards + cache.json (and, with
     --text-encoder, the captions' text embeddings)."""
-    from genforge.config import load_config
-    from genforge.data.cache import MANIFEST, encode_dataset, manifest_summary
-    from genforge.engine.checkpoint import CheckpointReadError
-    from genforge.engine.runs import load_codec
-
     overrides = set_ or []
     for item in overrides:
         if not item.startswith("data."):
@@ -245,8 +231,6 @@ def encode(
     try:
         text = None
         if text_encoder is not None:
-            from genforge.text import TextEncoderConfig
-
             text = TextEncoderConfig(kind=text_encoder, path=text_encoder_path, max_length=text_max_length)
         codec, info = load_codec(tokenizer, device)
         cfg = load_config(data or str(tokenizer / "config.yaml"), overrides)
@@ -264,8 +248,6 @@ def encode(
 @app.command()
 def presets() -> None:
     """List the built-in presets: name, family, description."""
-    from genforge.config import list_presets, load_config
-
     for name, description in list_presets().items():
         typer.echo(f"{name:<22} {load_config(name).model.family:<8} {description}")
 
@@ -283,14 +265,10 @@ def data_shapes(
     """Write the built-in shapes data set as an image folder (class sub-folders, .txt captions) or, with
     --shards, as webdataset shards."""
     if shards:
-        from genforge.data.shapes import write_shapes_shards
-
         pattern, count = write_shapes_shards(out, n, image_size, seed=seed, shard_size=shard_size)
         typer.echo(f"wrote {n} images of {image_size}x{image_size} in {count} shard(s): {pattern}")
         typer.echo(f"train on them: --set data.source=shards --set \"data.path={pattern}\" --set model.num_classes=16")
         return
-    from genforge.data.shapes import write_shapes_folder
-
     root = write_shapes_folder(out, n, image_size, seed=seed)
     typer.echo(f"wrote {n} images of {image_size}x{image_size} to {root}")
 

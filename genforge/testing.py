@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from genforge.app.config import load_config
+from genforge.app.runs import make_trainer
 from genforge.engine.checkpoint import CheckpointDir, load_state, load_tensors, read_json
 
 # a tiny run that checkpoints often, so a kill can land anywhere: start-up, a step, a checkpoint write
@@ -92,10 +94,7 @@ def kill_resume_trial(reference: Path, run_dir: Path, rng: random.Random, ref_se
 # ------------------------------------------------------------------------- checkpoint writes under kill -9
 def write_checkpoints_forever(run_dir: Path) -> None:
     """Child: a real trainer saving checkpoint after checkpoint (model, EMA, optimizer, RNG, JSON)."""
-    from genforge.config import load_config
-    from genforge.engine.trainer import Trainer
-
-    trainer = Trainer(load_config("dit-debug", ["train.keep_last=2"]), run_dir)
+    trainer = make_trainer(load_config("dit-debug", ["train.keep_last=2"]), run_dir)
     trainer.fit(stop_at=1)
     trainer.save_checkpoint()
     print("ready", flush=True)

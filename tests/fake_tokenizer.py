@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from genforge.config import load_config, to_yaml
-from genforge.engine import runs
+from genforge.app.config import load_config, to_yaml
+from genforge.app import runs
 from genforge.engine.checkpoint import CheckpointDir, save_tensors
-from genforge.engine.task import Task
+from genforge.core.task import Task
 from genforge.nn.codec import ColourQuantizerCodec, SpaceToDepthCodec
 
 MARKER = "fake-tokenizer.json"

@@ -8,11 +8,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from genforge.config import load_config
-from genforge.data.loader import StepBatchSampler, build_dataset, collate, data_info
-from genforge.engine.random import BatchRandom
-from genforge.engine.task import Task
-from genforge.engine.trainer import Trainer
+from genforge.app.config import load_config
+from genforge.app.runs import build_task
+from genforge.data.base import collate
+from genforge.data.loader import StepBatchSampler, build_dataset, data_info
+from genforge.core.random import BatchRandom
+from genforge.core.task import Task
+from genforge.app.runs import make_trainer
 
 
 class FamilyContract:
@@ -23,7 +25,7 @@ class FamilyContract:
         torch.manual_seed(0)
         cfg = load_config(self.preset, list(self.overrides))
         dataset = build_dataset(cfg.data)
-        task = cfg.model.build_task(cfg, data_info(dataset, cfg.data))
+        task = build_task(cfg, data_info(dataset, cfg.data))
         batch = collate([dataset[item] for item in next(iter(StepBatchSampler(len(dataset), cfg.train.batch_size)))])
         batch.pop("skipped")
         return cfg, task, batch
@@ -82,7 +84,7 @@ class FamilyContract:
 
         def train(run_dir, stop_at=None):
             torch.manual_seed(123)  # what a new process would not share: the trainer must not depend on it
-            Trainer(load_config(self.preset, overrides), run_dir).fit(stop_at=stop_at)
+            make_trainer(load_config(self.preset, overrides), run_dir).fit(stop_at=stop_at)
 
         def state(run_dir):
             ckpt = Path(run_dir) / "checkpoints" / "step-000004"

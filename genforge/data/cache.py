@@ -18,40 +18,57 @@ generator refuses a cache whose hash differs from its configured tokenizer's (`c
 from __future__ import annotations
 
 import io
-import os
-import shutil
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 import torch
 from pydantic import ValidationError
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch import Tensor
+from torch.utils.data import Dataset
 
-from genforge.config.base import DataConfig, StrictModel
+from genforge.core.codec import CodecInfo
+from genforge.core.config import DataConfig, StrictModel
+from genforge.core.registry import CACHE_KINDS, DATA_SOURCES
+from genforge.data.base import CacheError, DataInfo, DataSource
 from genforge.data.images import flip_drawn
-from genforge.data.loader import DataInfo, dataset_size
 from genforge.data.text_embeds import TextEmbeds
-from genforge.engine.checkpoint import TMP_PREFIX, fsync_dir, fsync_tree, write_atomically
-
-if TYPE_CHECKING:
-    from genforge.engine.runs import CodecInfo
-    from genforge.text import TextEncoder, TextEncoderConfig
 
 MANIFEST = "cache.json"
 SHARD_PATTERN = "shard-%06d.tar"
-RESIZE = {  # how each source turns its images into data.image_size pixels
-    "shapes": "rendered at data.image_size (4x supersampled, box-filtered)",
-    "folder": "ADM center crop: box-halve while the short side >= 2 x data.image_size, bicubic resize of the "
-              "short side to data.image_size, center crop",
-}
-RESIZE["shards"] = RESIZE["folder"]
 
 
-class CacheError(ValueError):
-    """A cache that cannot be written or read, or that does not fit the run; the message names the file."""
+# ------------------------------------------------------------------------------------------------ cache kinds
+@dataclass(frozen=True)
+class CacheKind:
+    """One kind of cached codes: how a batch of codes is stored (`store`: codes, codebook size -> the array written,
+    CacheError when it cannot be), which Batch field a sample's row becomes (`field`, by `to_sample`), and the
+    channels a generator sees (`channels` of the stored shape of one sample)."""
+
+    name: str
+    field: str
+    store: Callable[[Tensor, int], np.ndarray]
+    to_sample: Callable[[Tensor], Tensor]
+    channels: Callable[[list[int]], int]
+
+
+def _store_latents(codes: Tensor, codebook_size: int) -> np.ndarray:
+    stored = codes.float().cpu().numpy().astype(np.float16)
+    if not np.isfinite(stored).all():
+        raise CacheError(f"latents overflow float16 (max |latent| {codes.abs().max().item():.4g}); is the "
+                         "tokenizer's scale factor right?")
+    return stored
+
+
+def _store_tokens(codes: Tensor, codebook_size: int) -> np.ndarray:
+    return codes.cpu().numpy().astype(np.int16 if codebook_size <= 2**15 else np.int32)
+
+
+CACHE_KINDS.register("latent", CacheKind("latent", "latent", _store_latents, lambda row: row.float(),  # [C, h, w]
+                                         lambda shape: shape[0]))
+CACHE_KINDS.register("tokens", CacheKind("tokens", "tokens", _store_tokens, lambda row: row.long().flatten(),  # [h·w]
+                                         lambda shape: 0))
 
 
 class Preprocessing(StrictModel):
@@ -71,9 +88,9 @@ class CacheManifest(StrictModel):
 
     format: Literal["genforge-cache"] = "genforge-cache"
     version: Literal[1] = 1
-    kind: Literal["latent", "tokens"]
+    kind: str  # a registered cache kind: "latent", "tokens"
     shape: list[int]  # of one sample: [C, h, w] latents or [h, w] token ids
-    dtype: Literal["float16", "int16", "int32"]
+    dtype: str  # "float16" (latents), "int16" / "int32" (token ids)
     count: int
     flip: bool  # the flipped variant is stored too
     num_classes: int
@@ -86,7 +103,7 @@ class CacheManifest(StrictModel):
 
     def data_info(self) -> DataInfo:
         """What a generator needs to know about the cached data."""
-        return DataInfo(num_classes=self.num_classes, channels=self.shape[0] if self.kind == "latent" else 0,
+        return DataInfo(num_classes=self.num_classes, channels=CACHE_KINDS.get(self.kind).channels(self.shape),
                         image_size=self.preprocessing.image_size, kind=self.kind, encoder_hash=self.encoder_hash,
                         text_encoder=self.text_encoder["fingerprint"] if self.text_encoder else None)
 
@@ -120,7 +137,7 @@ def _check_flip(manifest: CacheManifest, flip: bool, path: str | Path) -> None:
                          "or set data.flip=false")
 
 
-def check_cache(data: DataInfo, codec: "CodecInfo", path: str | None) -> None:
+def check_cache(data: DataInfo, codec: CodecInfo, path: str | None) -> None:
     """Refuse cached data that another tokenizer checkpoint (or another kind of codec) wrote. A no-op for data
     that is not a cache (`data.encoder_hash` is None)."""
     if data.encoder_hash is None:
@@ -138,139 +155,6 @@ def check_cache(data: DataInfo, codec: "CodecInfo", path: str | None) -> None:
     if data.channels != codec.channels:
         raise CacheError(f"the cache in {path} holds {data.channels}-channel latents, the tokenizer {codec.run_dir} "
                          f"makes {codec.channels}")
-
-
-# ---------------------------------------------------------------------------------------------- writing
-def encode_dataset(codec: nn.Module, info: "CodecInfo", data: DataConfig, out: str | Path, *, flip: bool,
-                   batch_size: int = 64, shard_size: int = 10_000, device: torch.device | str = "cpu",
-                   progress: bool = False, text: "TextEncoderConfig | None" = None) -> CacheManifest:
-    """Encode the training split of `data` (unflipped, plus its mirror image when `flip`) with `codec` into the
-    cache folder `out`, which must not exist or be empty; with `text` (a frozen text encoder), also the distinct
-    captions (genforge.data.text_embeds). Everything is written under a temporary name that is renamed to `out`
-    at the end, so a killed encode never leaves a manifest for incomplete shards or embeddings."""
-    from genforge.data.loader import build_dataset
-    from genforge.data.text_embeds import write_text_embeds
-
-    out = Path(out)
-    if data.source == "cache":
-        raise CacheError(f"data.source=cache ({data.path}): encode reads images (data.source shapes, folder or "
-                         "shards)")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CacheError(f"--out {out} already exists and is not empty; remove it or choose another folder")
-    text_encoder = _frozen_text_encoder(text, device) if text is not None else None  # before hours of encoding
-    captions: dict[str, None] | None = {} if text is not None else None  # distinct captions, in order
-    dataset = build_dataset(data, split="train", flip=False)
-    staging = out.parent / f"{TMP_PREFIX}{out.name}"
-    if staging.exists():
-        shutil.rmtree(staging)  # left by an encode that was killed
-    staging.mkdir(parents=True)
-    try:
-        manifest = _write_shards(codec, info, data, dataset, staging, flip, batch_size, shard_size, device, progress,
-                                 captions)
-        if text_encoder is not None:
-            manifest.text_encoder = write_text_embeds(text_encoder, text, list(captions), staging, batch_size,
-                                                      progress)
-        fsync_tree(staging)
-        write_atomically(staging / MANIFEST, manifest.model_dump_json(indent=1) + "\n")  # last
-        os.replace(staging, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return manifest
-
-
-def _frozen_text_encoder(cfg: "TextEncoderConfig", device: torch.device | str) -> "TextEncoder":
-    """The text encoder whose embeddings a cache stores: frozen ones only, without the memo."""
-    if not cfg.frozen:
-        raise CacheError(f"--text-encoder {cfg.kind}: only frozen text encoders (minilm, t5, clip) can be cached; "
-                         f"{cfg.kind} trains with the model, so its embeddings change every step")
-    from genforge.text import build_text_encoder
-
-    return build_text_encoder(cfg, memo=False).to(device)
-
-
-def _absolute(data: DataConfig) -> str | None:
-    """data.path made absolute (for webdataset shards: the local parts of the URL spec)."""
-    if not data.path:
-        return None
-    if data.source == "shards":
-        from genforge.data.shards import absolute_spec
-
-        return absolute_spec(data.path)
-    return str(Path(data.path).resolve())
-
-
-@torch.no_grad()
-def _encode(codec: nn.Module, images: Tensor, info: "CodecInfo") -> np.ndarray:
-    """Codes of a batch in their stored dtype: float16 latents [b, C, h, w] or int16/int32 ids [b, h, w]."""
-    codes = codec.encode(images)
-    if info.kind == "latent":
-        stored = codes.float().cpu().numpy().astype(np.float16)
-        if not np.isfinite(stored).all():
-            raise CacheError(f"latents of {info.run_dir} overflow float16 (max |latent| "
-                             f"{codes.abs().max().item():.4g}); is its scale factor right?")
-        return stored
-    return codes.cpu().numpy().astype(np.int16 if info.codebook_size <= 2**15 else np.int32)
-
-
-def _write_shards(codec: nn.Module, info: "CodecInfo", data: DataConfig, dataset: Dataset, folder: Path,
-                  flip: bool, batch_size: int, shard_size: int, device: torch.device | str,
-                  progress: bool, captions: dict[str, None] | None = None) -> CacheManifest:
-    """Write the shards into `folder`; the distinct captions written (flipped ones too) are added to `captions`."""
-    from tqdm import tqdm
-    from webdataset import ShardWriter
-
-    field = info.kind  # "latent" or "tokens"
-    mirror = getattr(dataset, "mirror_text", None)  # the caption of the flipped image, where a source has one
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=data.num_workers, collate_fn=list)
-    shards: list[str] = []
-    skipped: list[dict[str, str]] = []
-    count, first, top_label = 0, None, -1
-    total = dataset_size(dataset)  # None for webdataset shards: one ordered pass
-    with ShardWriter(str(folder / SHARD_PATTERN), maxcount=shard_size, verbose=0,
-                     post=lambda name: shards.append(Path(name).name)) as sink, \
-            tqdm(total=total, unit="img", desc="encoding", disable=not progress) as bar:
-        for samples in loader:
-            bar.update(len(samples))
-            skipped += [{"key": s["key"], "reason": s["bad"]} for s in samples if "bad" in s]
-            good = [s for s in samples if "bad" not in s]
-            if not good:
-                continue
-            images = torch.stack([s["image"] for s in good]).to(device)  # [b, 3, H, W] in [-1, 1]
-            codes = _encode(codec, images, info)
-            flipped = _encode(codec, images.flip(-1), info) if flip else None
-            first = codes if first is None else first
-            if codes.shape[1:] != first.shape[1:]:
-                raise CacheError(f"{info.run_dir} encoded images of one size to codes of shapes {first.shape[1:]} "
-                                 f"and {codes.shape[1:]}")
-            for i, s in enumerate(good):
-                record = {"__key__": f"{count:09d}", f"{field}.npy": codes[i], "key.txt": s["key"]}
-                if flipped is not None:
-                    record[f"{field}_flip.npy"] = flipped[i]
-                if "label" in s:
-                    record["cls"] = int(s["label"])
-                    top_label = max(top_label, int(s["label"]))
-                if "text" in s:
-                    record["txt"] = s["text"]
-                    if flip and mirror is not None and mirror(s["text"]) != s["text"]:
-                        record["txt_flip.txt"] = mirror(s["text"])
-                    if captions is not None:
-                        captions.update(dict.fromkeys(record[k] for k in ("txt", "txt_flip.txt") if k in record))
-                sink.write(record)
-                count += 1
-    if first is None:
-        raise CacheError(f"no readable sample in the data set ({data.source} {data.path or ''}); nothing to encode")
-    return CacheManifest(
-        kind=info.kind, shape=list(first.shape[1:]), dtype=str(first.dtype), count=count, flip=flip,
-        # a stream does not know its classes up front: the largest label seen + 1
-        num_classes=int(getattr(dataset, "num_classes", 0)) or top_label + 1, encoder_hash=info.encoder_hash,
-        tokenizer={k: v for k, v in asdict(info).items() if k != "encoder_hash"},
-        preprocessing=Preprocessing(
-            source=data.source, path=_absolute(data), split="train",
-            image_size=data.image_size, resize=RESIZE[data.source],
-            flip_variants=["none", "horizontal"] if flip else ["none"], data=data.model_dump(mode="json")),
-        shards=shards, skipped=skipped)
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -305,7 +189,7 @@ class CacheDataset(Dataset):
         self.root = Path(path)
         self.manifest = m = manifest or read_manifest(self.root)
         _check_flip(m, flip, self.root)
-        self.flip, self.kind, self.num_classes = flip, m.kind, m.num_classes
+        self.flip, self.kind, self.num_classes = flip, CACHE_KINDS.get(m.kind), m.num_classes
         codes, flipped, labels, texts, texts_flip, keys = [], [], [], [], [], []
         for name in m.shards:
             shard = self.root / name
@@ -343,10 +227,7 @@ class CacheDataset(Dataset):
         flipped = self.flip and flip_drawn(aug_seed)
         codes = (self.codes_flip if flipped else self.codes)[index]
         sample: dict[str, Any] = {"key": self.keys[index]}
-        if self.kind == "latent":
-            sample["latent"] = codes.float()  # [C, h, w]
-        else:
-            sample["tokens"] = codes.long().flatten()  # [h·w]
+        sample[self.kind.field] = self.kind.to_sample(codes)
         if self.labels is not None:
             sample["label"] = int(self.labels[index])
         if self.texts is not None and self.texts[index] is not None:
@@ -366,3 +247,33 @@ def manifest_summary(manifest: CacheManifest) -> str:
                 f", {manifest.text_encoder['kind']} text embeddings of {manifest.text_encoder['count']} distinct "
                 "captions" if manifest.text_encoder else ""))
 
+
+
+class CacheSource(DataSource):
+    """`data.source: cache`: a folder written by `genforge encode`, read into memory; no held-out split."""
+
+    name = "cache"
+    path_help = "a folder written by `genforge encode`"
+
+    def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> CacheDataset:
+        if split == "val":
+            raise ValueError(f"data.source=cache ({cfg.path}) has no held-out split")
+        return CacheDataset(cfg.path, flip=flip, manifest=open_manifest(cfg, flip))
+
+    def heldout_split(self, cfg: DataConfig) -> str:
+        raise ValueError(f"data.source=cache ({cfg.path}) has no held-out images; use the data it was encoded from")
+
+    def info(self, dataset: Dataset, cfg: DataConfig) -> DataInfo:
+        return dataset.manifest.data_info()
+
+    def scan_info(self, cfg: DataConfig) -> DataInfo:
+        return open_manifest(cfg).data_info()
+
+    def image_data(self, cfg: DataConfig) -> DataConfig | None:
+        try:
+            return DataConfig.model_validate(read_manifest(cfg.path).preprocessing.data)
+        except CacheError:
+            return None
+
+
+DATA_SOURCES.register("cache", CacheSource())

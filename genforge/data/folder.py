@@ -6,10 +6,18 @@ import hashlib
 import os
 from pathlib import Path
 
+from typing import Any
+
 import numpy as np
 from torch.utils.data import Dataset
 
+from genforge.core.config import DataConfig
+from genforge.core.registry import DATA_SOURCES
+from genforge.data.base import DataSource
 from genforge.data.images import center_crop_resize, flip_drawn, load_rgb, to_tensor
+
+ADM_RESIZE = ("ADM center crop: box-halve while the short side >= 2 x data.image_size, bicubic resize of the "
+              "short side to data.image_size, center crop")
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
@@ -91,3 +99,32 @@ class ImageFolderDataset(Dataset):
         if caption is not None:
             sample["text"] = caption
         return sample
+
+
+def folder_listing(root: str | Path) -> str:
+    """sha256 of the names, sizes and mtimes of the images under `root` (a changed folder is new data)."""
+    digest = hashlib.sha256()
+    for name in scan_images(Path(root)):
+        stat = (Path(root) / name).stat()
+        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+class FolderSource(DataSource):
+    """`data.source: folder`: an image folder, split into train/val by a hash of each path (data.val_fraction)."""
+
+    name = "folder"
+    path_help = "an image folder"
+    resize = ADM_RESIZE
+
+    def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ImageFolderDataset:
+        if not Path(cfg.path).is_dir():
+            raise FileNotFoundError(f"data.path: folder {cfg.path!r} does not exist")
+        return ImageFolderDataset(cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip,
+                                  seed=0, max_image_pixels=cfg.max_image_pixels)
+
+    def identity(self, cfg: DataConfig) -> dict[str, Any]:
+        return {"path": str(Path(cfg.path).resolve()), "files": folder_listing(cfg.path)}
+
+
+DATA_SOURCES.register("folder", FolderSource())

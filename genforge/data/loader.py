@@ -13,81 +13,60 @@ and workers, but resuming still needs nothing but `s` (`build_train_batches` ser
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from genforge.config.base import DataConfig, TrainConfig
-
-
-@dataclass(frozen=True)
-class DataInfo:
-    """What a family needs to know about its data to build its model."""
-
-    num_classes: int
-    channels: int  # of the tensor a sample holds: 3 for images, latent channels for a latent cache, 0 for tokens
-    image_size: int  # pixels (a cache: of the images it was encoded from)
-    kind: str = "image"  # "image", or a cache's "latent" / "tokens"
-    encoder_hash: str | None = None  # a cache's: sha256 of the tokenizer checkpoint that wrote it
-    text_encoder: str | None = None  # a cache's text embeddings: fingerprint of the text encoder that wrote them
+from genforge.core.config import DataConfig, TrainConfig
+from genforge.core.random import mix_seed
+from genforge.data.base import DataInfo, collate, source_of
 
 
 def build_dataset(cfg: DataConfig, split: str = "train", flip: bool | None = None,
                   world_size: int | None = None) -> Dataset:
-    """The data set named by `cfg.source` (raises FileNotFoundError/ValueError for a bad folder or shard list).
-    `world_size`: the number of training processes, for sources that split by process (shards: checked here,
-    before training, that every worker of every process gets a shard)."""
-    flip = cfg.flip if flip is None else flip
-    if cfg.source == "shards":
-        from genforge.data.shards import ShardDataset
-
-        if split == "val":
-            raise ValueError(f"data.source=shards ({cfg.path}) has no held-out split")
-        return ShardDataset(cfg.path, cfg.image_size, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
-                            max_image_pixels=cfg.max_image_pixels, world_size=world_size,
-                            num_workers=cfg.num_workers)
-    if cfg.source == "shapes":
-        from genforge.data.shapes import ShapesDataset, ShapesSpec
-
-        spec = ShapesSpec(cfg.shapes.min_shapes, cfg.shapes.max_shapes, cfg.shapes.textured_fraction)
-        seed = cfg.shapes.seed if split != "val" else cfg.shapes.seed + 1_000_003
-        return ShapesDataset(cfg.shapes.n, cfg.image_size, seed=seed, spec=spec, flip=flip)
-    if cfg.source == "folder":
-        from genforge.data.folder import ImageFolderDataset
-
-        if cfg.path is None or not Path(cfg.path).is_dir():
-            raise FileNotFoundError(f"data.path: folder {cfg.path!r} does not exist")
-        return ImageFolderDataset(cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip,
-                                  seed=0, max_image_pixels=cfg.max_image_pixels)
-    if cfg.source == "cache":
-        from genforge.data.cache import CacheDataset, open_manifest
-
-        if split == "val":
-            raise ValueError(f"data.source=cache ({cfg.path}) has no held-out split")
-        return CacheDataset(cfg.path, flip=flip, manifest=open_manifest(cfg, flip))
-    raise ValueError(f"data.source={cfg.source!r} is not supported")
+    """The data set of the source `cfg.source` names (raises FileNotFoundError/ValueError for a bad folder or shard
+    list). `world_size`: the number of training processes, for sources that split by process (shards: checked
+    here, before training, that every worker of every process gets a shard)."""
+    return source_of(cfg).build(cfg, split, cfg.flip if flip is None else flip, world_size)
 
 
 def data_info(dataset: Dataset, cfg: DataConfig) -> DataInfo:
     """What the model needs to know about `dataset` (built by `build_dataset(cfg)`)."""
-    if cfg.source == "cache":
-        return dataset.manifest.data_info()
-    return DataInfo(num_classes=int(getattr(dataset, "num_classes", 0)), channels=3, image_size=cfg.image_size)
+    return source_of(cfg).info(dataset, cfg)
 
 
 def scan_data_info(cfg: DataConfig) -> DataInfo:
-    """`data_info` without loading samples: a cache's manifest, or a scan of the data set."""
-    if cfg.source == "cache":
-        from genforge.data.cache import open_manifest
+    """`data_info` without loading samples where the source can (a cache's manifest), else from a scan."""
+    return source_of(cfg).scan_info(cfg)
 
-        return open_manifest(cfg).data_info()
-    return data_info(build_dataset(cfg), cfg)
+
+def image_data(cfg: DataConfig) -> DataConfig | None:
+    """The data section of the images a run trains on: `cfg`, or for a cache the section it was encoded from
+    (None when the cache's manifest cannot be read)."""
+    return source_of(cfg).image_data(cfg)
+
+
+def heldout_split(cfg: DataConfig) -> str:
+    """The split tokenizers are scored on and their previews drawn from: held-out images when the source has any
+    (shapes: another seed; a folder: data.val_fraction > 0), else the training data (shards: in order)."""
+    return source_of(cfg).heldout_split(cfg)
+
+
+def heldout_batches(cfg: DataConfig, n: int, batch_size: int) -> Iterator[Tensor]:
+    """The first `n` readable images of `heldout_split(cfg)`, unflipped, in batches [b, C, H, W] in [-1, 1]."""
+    dataset = build_dataset(cfg, split=heldout_split(cfg), flip=False)
+    # a stream (webdataset shards) iterates as one ordered pass, read lazily: only the first n are decoded
+    items = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(len(dataset)))
+    readable = itertools.islice((item["image"] for item in items if "image" in item), n)  # skip unreadable files
+    while batch := list(itertools.islice(readable, batch_size)):
+        yield torch.stack(batch)
 
 
 def dataset_size(dataset: Dataset) -> int | None:
@@ -173,22 +152,6 @@ class ReplaceUnreadable(Dataset):
                            f"({skipped[0][1]}) on; is this an image folder?")
 
 
-def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack sample dicts into a Batch; the unreadable samples they replaced go to `batch["skipped"]`."""
-    batch: dict[str, Any] = {"skipped": [s for sample in samples for s in sample.get("skipped", ())]}
-    for field in samples[0]:
-        if field == "skipped":
-            continue
-        values = [s[field] for s in samples]
-        if isinstance(values[0], torch.Tensor):
-            batch[field] = torch.stack(values)
-        elif isinstance(values[0], (int, np.integer)):
-            batch[field] = torch.tensor(values, dtype=torch.long)
-        else:
-            batch[field] = values
-    return batch
-
-
 def _worker_init(worker_id: int) -> None:
     """Stop signals are the main process's business: it finishes the step, checkpoints and shuts workers down."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
@@ -230,8 +193,6 @@ def build_train_batches(dataset: Dataset, data: DataConfig, train: TrainConfig, 
         return DataLoader(stream, batch_size=None, num_workers=data.num_workers, pin_memory=pin_memory,
                           persistent_workers=False, prefetch_factor=4 if data.num_workers else None,
                           worker_init_fn=_worker_init, collate_fn=_as_collated)
-    from genforge.engine.random import mix_seed
-
     sampler = StepBatchSampler(len(dataset), train.batch_size, train.grad_accum, world_size, rank, seed=train.seed,
                                start_step=start_position)
     return build_loader(dataset, sampler, data.num_workers, pin_memory, seed=mix_seed(train.seed, rank,

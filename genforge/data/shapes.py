@@ -16,6 +16,9 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 
+from genforge.core.config import DataConfig
+from genforge.core.registry import DATA_SOURCES
+from genforge.data.base import DataSource
 from genforge.data.images import flip_drawn, to_tensor
 
 KINDS = ("circle", "square", "triangle", "cross")
@@ -233,3 +236,24 @@ def write_shapes_shards(out: str | Path, n: int, image_size: int, seed: int = 0,
     last = count - 1
     pattern = f"shapes-{{000000..{last:06d}}}.tar" if count > 1 else "shapes-000000.tar"
     return str(root / pattern), count
+
+
+HELDOUT_SEED_OFFSET = 1_000_003  # the held-out split renders another seed: images the training set never has
+
+
+class ShapesSource(DataSource):
+    """`data.source: shapes`: rendered on the fly; the held-out split is another seed."""
+
+    name = "shapes"
+    resize = "rendered at data.image_size (4x supersampled, box-filtered)"
+
+    def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ShapesDataset:
+        spec = ShapesSpec(cfg.shapes.min_shapes, cfg.shapes.max_shapes, cfg.shapes.textured_fraction)
+        seed = cfg.shapes.seed + (HELDOUT_SEED_OFFSET if split == "val" else 0)
+        return ShapesDataset(cfg.shapes.n, cfg.image_size, seed=seed, spec=spec, flip=flip)
+
+    def heldout_split(self, cfg: DataConfig) -> str:
+        return "val"
+
+
+DATA_SOURCES.register("shapes", ShapesSource())

@@ -33,6 +33,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from genforge.core.config import DataConfig
+from genforge.core.registry import DATA_SOURCES
+from genforge.data.base import DataSource, collate
+from genforge.data.folder import ADM_RESIZE
 from genforge.data.images import center_crop_resize, flip_drawn, load_rgb, to_tensor
 
 IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")  # the first one a record has is its image
@@ -275,8 +279,6 @@ class ShardDataset(IterableDataset):
 
     def batch(self, raw: list[tuple[str, Record, int]]) -> dict[str, Any]:
         """Decode and collate raw records; the unreadable ones go to `skipped` (DataError if all are)."""
-        from genforge.data.loader import collate
-
         decoded = [self.decode(url, record, aug) for url, record, aug in raw]
         skipped = [(s["key"], s["bad"]) for s in decoded if "bad" in s]
         good, inconsistent = consistent([s for s in decoded if "bad" not in s])
@@ -318,3 +320,35 @@ class ShardStream(IterableDataset):
                                            skip=done * self.micro_batch)
         while True:
             yield self.shards.batch([next(records) for _ in range(self.micro_batch)])
+
+
+class ShardsSource(DataSource):
+    """`data.source: shards`: webdataset shards, streamed; no held-out split (held-out images are the first
+    records of the training shards, in order)."""
+
+    name = "shards"
+    path_help = "webdataset shards, e.g. data/train-{000000..000127}.tar"
+    resize = ADM_RESIZE
+
+    def check(self, cfg: DataConfig) -> None:
+        super().check(cfg)
+        if cfg.val_fraction > 0:
+            raise ValueError("data.val_fraction does not apply to data.source='shards' (held-out images are read "
+                             "from the training shards); set it to 0")
+
+    def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ShardDataset:
+        if split == "val":
+            raise ValueError(f"data.source=shards ({cfg.path}) has no held-out split")
+        return ShardDataset(cfg.path, cfg.image_size, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
+                            max_image_pixels=cfg.max_image_pixels, world_size=world_size,
+                            num_workers=cfg.num_workers)
+
+    def heldout_split(self, cfg: DataConfig) -> str:
+        return "train"
+
+    def identity(self, cfg: DataConfig) -> dict[str, Any]:
+        spec = absolute_spec(cfg.path)
+        return {"path": spec, "files": listing(expand_spec(spec))}
+
+
+DATA_SOURCES.register("shards", ShardsSource())

@@ -12,32 +12,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor
+from tqdm.auto import tqdm
 
-from genforge.text.encoders import pad_rows, trim_rows
-
-if TYPE_CHECKING:
-    from genforge.data.loader import DataInfo
-    from genforge.text import TextEncoder, TextEncoderConfig
+from genforge.data.base import CacheError, DataInfo
+from genforge.text.config import TextEncoderConfig
+from genforge.text.base import TextEncoder, pad_rows, trim_rows
 
 EMBEDS_FILE = "text_embeds.safetensors"
 CAPTIONS_FILE = "text_embeds.json"
 
 
 @torch.no_grad()
-def write_text_embeds(encoder: "TextEncoder", cfg: "TextEncoderConfig", captions: Sequence[str], folder: Path,
+def write_text_embeds(encoder: TextEncoder, cfg: TextEncoderConfig, captions: Sequence[str], folder: Path,
                       batch_size: int = 64, progress: bool = False) -> dict[str, Any]:
     """Encode the distinct `captions` once, `batch_size` at a time, and write both files into `folder`; returns
     the manifest's `text_encoder` entry."""
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-
-    from genforge.data.cache import CacheError
-
     if not captions:
         raise CacheError(f"--text-encoder {cfg.kind}: the data set has no captions to encode")
     rows: list[Tensor] = []
@@ -59,10 +54,6 @@ class TextEmbeds:
     """The stored embeddings of a cache folder, looked up by caption (`entry`: the manifest's `text_encoder`)."""
 
     def __init__(self, folder: Path, entry: dict[str, Any]) -> None:
-        from safetensors.torch import load_file
-
-        from genforge.data.cache import CacheError
-
         files = entry["files"]
         embeds_file, captions_file = folder / files["embeds"], folder / files["captions"]
         try:
@@ -80,8 +71,6 @@ class TextEmbeds:
 
     def rows(self, texts: Sequence[str | None]) -> np.ndarray:
         """Row of each caption, -1 for None (an uncaptioned sample)."""
-        from genforge.data.cache import CacheError
-
         missing = next((t for t in texts if t is not None and t not in self.index), None)
         if missing is not None:
             raise CacheError(f"the caption {missing!r} has no stored text embedding")
@@ -92,15 +81,13 @@ class TextEmbeds:
         return self.embeds[row].float(), self.mask[row]
 
 
-def use_cached_text_embeds(data: "DataInfo", encoder: "TextEncoder", path: str | None) -> bool:
+def use_cached_text_embeds(data: DataInfo, encoder: TextEncoder, path: str | None) -> bool:
     """Whether a family should take `text_embed` / `text_mask` from the batches instead of encoding `text`: the
     data is a cache whose embeddings `encoder` wrote. False when there are none or the encoder is trainable; a
     CacheError when another frozen encoder wrote them."""
     if data.text_encoder is None or encoder.trainable:
         return False
     if data.text_encoder != encoder.fingerprint():
-        from genforge.data.cache import CacheError
-
         raise CacheError(f"the text embeddings in the cache {path} were written by another text encoder than the "
                          f"configured one:\n  cache:      {data.text_encoder}\n  configured: {encoder.fingerprint()}"
                          f"\nre-encode the cache with the configured encoder (genforge encode ... --text-encoder "

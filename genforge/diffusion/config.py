@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from genforge.config.base import StrictModel
-
-if TYPE_CHECKING:
-    from genforge.engine.random import BatchRandom
+from genforge.core.config import StrictModel
+from genforge.core.random import BatchRandom
+from genforge.diffusion.gaussian import LossType, MeanType
+from genforge.diffusion.respace import SpacedDiffusion, create_diffusion
 
 
 class DiffusionConfig(StrictModel):
@@ -37,17 +37,15 @@ class DiffusionConfig(StrictModel):
     ddim_eta: float = Field(0.0, ge=0.0, le=1.0)
     cfg_scale: float = Field(4.0, ge=1.0, description="classifier-free guidance scale; 1 disables")
 
-    def draw_timesteps(self, rng: "BatchRandom") -> Tensor:
+    def draw_timesteps(self, rng: BatchRandom) -> Tensor:
         """Training timesteps long [B] in {0, …, T−1} from the batch's random stream."""
         if self.timestep_sampling == "uniform":
             return rng.randint(self.num_timesteps)
         u = torch.sigmoid(self.timestep_mean + self.timestep_std * rng.randn())  # (0, 1), logit-normal
         return (u * self.num_timesteps).long().clamp_(max=self.num_timesteps - 1)
 
-    def build(self, sample_steps: int | None = None):
+    def build(self, sample_steps: int | None = None) -> SpacedDiffusion:
         """The diffusion process; for sampling pass `sample_steps` (respaced), for training leave None."""
-        from genforge.diffusion import LossType, MeanType, create_diffusion
-
         mean_type = {"eps": MeanType.EPSILON, "x0": MeanType.START_X, "v": MeanType.VELOCITY}[self.prediction]
         loss_type = {"mse": LossType.MSE, "rescaled_mse": LossType.RESCALED_MSE}[self.loss]
         if sample_steps is None:

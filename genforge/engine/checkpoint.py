@@ -27,8 +27,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from genforge.core.files import TMP_PREFIX, fsync_dir, fsync_tree, write_atomically
+
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
-TMP_PREFIX = ".tmp-"
 
 
 class CheckpointError(RuntimeError):
@@ -106,35 +107,6 @@ def nonfinite_tensors(tensors: dict[str, Tensor]) -> list[str]:
 def save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
     """A flat name -> tensor dict as safetensors (copies, so shared storage is not an error)."""
     save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(path))
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file and folder under `root` (before renaming it into place)."""
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    for path in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
-        fsync_dir(path)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a folder, so the renames inside it are on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to a temporary name, fsync, and rename onto `path`: readers see the old or the new file."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class CheckpointDir:

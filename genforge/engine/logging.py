@@ -1,47 +1,29 @@
-"""Run logging: metrics.jsonl (always), TensorBoard (when installed), wandb (opt-in), PNG sample grids."""
+"""Run logging: metrics.jsonl (always), TensorBoard (when installed), wandb (opt-in), sample previews."""
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 from torch import Tensor
 
-from genforge.config.base import LogConfig
-from genforge.data.images import to_uint8
+from genforge.core.config import LogConfig
+from genforge.core.task import Batch, Task
+from genforge.data.previews import preview_suffix, write_preview
 
 
-def image_grid(images: Tensor, nrow: int | None = None, pad: int = 2) -> np.ndarray:
-    """[B, C, H, W] in [-1, 1] -> one uint8 [rows·(H+pad)+pad, cols·(W+pad)+pad, 3] grid (vectorised)."""
-    images = images.detach().cpu()
-    b, c, h, w = images.shape
-    if c == 1:
-        images = images.expand(b, 3, h, w)
-    pixels = to_uint8(images[:, :3]).permute(0, 2, 3, 1).numpy()
-    cols = nrow or math.ceil(math.sqrt(b))
-    rows = math.ceil(b / cols)
-    grid = np.full((rows, cols, h + pad, w + pad, 3), 255, np.uint8)
-    flat = grid.reshape(rows * cols, h + pad, w + pad, 3)
-    flat[:b, pad:, pad:] = pixels
-    out = grid.transpose(0, 2, 1, 3, 4).reshape(rows * (h + pad), cols * (w + pad), 3)
-    return np.pad(out, ((0, pad), (0, pad), (0, 0)), constant_values=255)
-
-
-def save_grid(images: Tensor, path: Path, nrow: int | None = None, captions: list[str] | None = None) -> Path:
-    """Write a PNG grid of images in [-1, 1]; with `captions` (the prompts), also `<path>.txt`, one per cell in
-    reading order."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(image_grid(images, nrow)).save(path)
-    if captions is not None:
-        path.with_suffix(".txt").write_text("".join(f"{c}\n" for c in captions), encoding="utf-8")
-    return path
+def write_samples(task: Task, cond: Batch, outputs: Tensor, path: Path) -> Path:
+    """What `task.preview` makes of `sample(cond)` = `outputs`, written by the preview writer of `path`'s suffix
+    (none: the default writer for those outputs, e.g. .png for images), with a text model's prompts beside it."""
+    grid, nrow = task.preview(cond, outputs)
+    if not path.suffix:
+        path = path.with_name(path.name + preview_suffix(grid))
+    return write_preview(grid, path, nrow, captions=cond.get("text"))
 
 
 class RunLogger:

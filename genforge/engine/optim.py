@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from genforge.config.base import TrainConfig
+from genforge.core.config import TrainConfig
 
 
 def build_optimizer(params: Iterable[nn.Parameter], cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:

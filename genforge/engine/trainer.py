@@ -17,7 +17,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -26,16 +26,18 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from genforge.config import RunConfig, to_yaml
+from genforge.core.config import DataConfig, EvalConfig, LogConfig, TrainConfig
+from genforge.core.random import BatchRandom, global_rng_state, set_global_rng_state
+from genforge.core.task import Task
+from genforge.data.base import DataInfo
 from genforge.data.loader import SkipLog, build_dataset, build_train_batches, data_info, dataset_size
 from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, load_state, load_tensors,
                                         nonfinite_tensors, read_json, save_state, save_tensors, step_dir_name)
 from genforge.engine.ema import EMA
-from genforge.engine.logging import RunLogger, save_grid
+from genforge.engine.logging import RunLogger, write_samples
 from genforge.engine.optim import build_optimizer, build_scheduler
 from genforge.engine.preemption import Preempted, StopRequests
-from genforge.engine.random import BatchRandom, global_rng_state, set_global_rng_state
-from genforge.engine.task import Task
+from genforge.eval.run import evaluate_task, write_eval_results
 
 # What a checkpoint restores, by name (`load_checkpoint(skip=...)` lets tests prove each one matters).
 STATE_PIECES = ("model", "ema", "optimizer", "scheduler", "grad_scaler", "rng", "step", "data_position",
@@ -66,6 +68,21 @@ def resolve_run_dir(base: Path, fresh: bool) -> Path:
 
 
 @dataclass
+class TrainingRun:
+    """What the trainer is given: the run's data, train, eval and log sections, how to build its task once the data
+    set says what it holds, and the resolved config written into the run directory. The trainer never reads a
+    model section: everything a family needs it gets from its builder."""
+
+    data: DataConfig
+    train: TrainConfig
+    eval: EvalConfig
+    log: LogConfig
+    build_task: Callable[[DataInfo], Task]
+    config_yaml: str = ""  # written to run_dir/config.yaml before step 0
+    config_dict: dict[str, Any] = field(default_factory=dict)  # for wandb
+
+
+@dataclass
 class StepLogs:
     """Per-step scalars kept on device between log steps (one host sync per log interval)."""
 
@@ -85,11 +102,11 @@ class StepLogs:
 
 
 class Trainer:
-    """Trains `cfg.model` on `cfg.data` into `run_dir`, resuming from its latest checkpoint."""
+    """Trains the task of `run` on `run.data` into `run_dir`, resuming from its latest checkpoint."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, fresh: bool = False) -> None:
-        self.cfg = cfg
-        tc = cfg.train
+    def __init__(self, run: TrainingRun, run_dir: Path, fresh: bool = False) -> None:
+        self.run = run
+        tc = run.train
         if tc.precision == "fp16" and not torch.cuda.is_available():
             raise ValueError("train.precision=fp16 needs a CUDA GPU (its grad scaler does not run on the CPU); "
                              "use bf16 or no here")
@@ -114,9 +131,9 @@ class Trainer:
         random.seed(tc.seed)
         np.random.seed(tc.seed)
         torch.manual_seed(tc.seed)
-        self.dataset = build_dataset(cfg.data, split="train", world_size=acc.num_processes)
-        self.data_info = data_info(self.dataset, cfg.data)
-        self.task: Task = cfg.model.build_task(cfg, self.data_info)
+        self.dataset = build_dataset(run.data, split="train", world_size=acc.num_processes)
+        self.data_info = data_info(self.dataset, run.data)
+        self.task: Task = run.build_task(self.data_info)
         if len(self.task.phases) > 1:
             ddp.find_unused_parameters = True
         self.task.to(acc.device)
@@ -188,7 +205,7 @@ class Trainer:
         return final or self.checkpoints.root / step_dir_name(self.step)
 
     def _best_score(self) -> float | None:
-        name = self.cfg.train.keep_best
+        name = self.run.train.keep_best
         if name is None or self.last_eval.get("step") != self.step:
             return None
         return float(self.last_eval[name])
@@ -207,7 +224,7 @@ class Trainer:
             "data_position": self.data_position,
             "rollbacks": self.rollbacks,
             "world_size": acc.num_processes,
-            "global_batch": self.cfg.train.batch_size,
+            "global_batch": self.run.train.batch_size,
             "num_samples": dataset_size(self.dataset),  # None for a stream (webdataset shards)
             "data_slots": getattr(self.dataset, "slots", None),  # a stream's processes x workers
             "family_state": self.task.state_for_checkpoint(),
@@ -249,7 +266,7 @@ class Trainer:
         self.rollbacks = int(state.get("rollbacks", 0))
         self.last_eval = state.get("eval") or {}
         same_order = ((state["global_batch"], state["num_samples"], state.get("data_slots")) ==
-                      (self.cfg.train.batch_size, dataset_size(self.dataset), getattr(self.dataset, "slots", None)))
+                      (self.run.train.batch_size, dataset_size(self.dataset), getattr(self.dataset, "slots", None)))
         if not same_order and acc.is_main_process:
             print(f"genforge: batch size, data set size or (shards) processes x data.num_workers changed since "
                   f"{path.name}; the data order "
@@ -259,7 +276,7 @@ class Trainer:
     def _batches(self) -> Iterator[dict[str, Any]]:
         """This rank's micro-batches from global batch `data_position` on, on the device."""
         acc = self.accelerator
-        loader = build_train_batches(self.dataset, self.cfg.data, self.cfg.train, acc.num_processes,
+        loader = build_train_batches(self.dataset, self.run.data, self.run.train, acc.num_processes,
                                      acc.process_index, self.data_position, pin_memory=acc.device.type == "cuda")
         for batch in loader:
             skipped = batch.pop("skipped")
@@ -269,7 +286,7 @@ class Trainer:
 
     def train_step(self, batches: list[dict[str, Any]], logs: StepLogs) -> bool:
         """One optimizer step of every phase; False when a phase was skipped as non-finite."""
-        acc, tc = self.accelerator, self.cfg.train
+        acc, tc = self.accelerator, self.run.train
         all_finite = True
         micro = tc.batch_size // (tc.grad_accum * acc.num_processes)
         for phase_index, phase in enumerate(self.task.phases):
@@ -305,39 +322,35 @@ class Trainer:
 
     # -------------------------------------------------------------------------------------- cadences
     def _due(self, every: int) -> bool:
-        return (every > 0 and self.step % every == 0) or self.step == self.cfg.train.steps
+        return (every > 0 and self.step % every == 0) or self.step == self.run.train.steps
 
     @torch.no_grad()
     def sample_grid(self) -> Path | None:
         """Preview grid from the EMA weights, written by the main process."""
         if not self.accelerator.is_main_process:
             return None
-        gen = torch.Generator(device=self.accelerator.device).manual_seed(self.cfg.train.seed)
+        gen = torch.Generator(device=self.accelerator.device).manual_seed(self.run.train.seed)
+        n = self.run.train.num_samples
         self.task.eval()
         with self.ema.swapped_in():
-            cond = self.task.sample_conditions(self.cfg.train.num_samples, gen)
-            images, nrow = self.task.preview(cond, self.task.sample(cond, gen))
+            cond = self.task.sample_conditions(n, gen)
+            path = write_samples(self.task, cond, self.task.sample(cond, gen, n),
+                                 self.run_dir / "samples" / step_dir_name(self.step))
         self.task.train()
-        path = self.run_dir / "samples" / f"{step_dir_name(self.step)}.png"
-        save_grid(images, path, nrow, captions=cond.get("text"))  # a text model's prompts go beside the grid
         self.logger.image(self.step, "samples", path)
         return path
 
     def evaluate(self) -> dict[str, Any]:
         """Evaluation metrics of the EMA weights. Every rank takes part (generators: each samples its share, see
         genforge.eval.run); the main process writes and logs the results, the others get an empty dict."""
-        from genforge.eval.run import evaluate_task
-
         self.task.eval()
         with self.ema.swapped_in():
-            results = evaluate_task(self.task, self.cfg, self.cfg.eval.metrics, self.cfg.eval.n,
-                                    seed=self.cfg.train.seed, device=self.accelerator.device)
+            results = evaluate_task(self.task, self.run.data, self.run.eval, self.run.eval.metrics, self.run.eval.n,
+                                    seed=self.run.train.seed, device=self.accelerator.device)
         self.task.train()
         if not self.accelerator.is_main_process:
             return {}
-        out = self.run_dir / "eval" / f"{self.step}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"step": self.step, **results}, indent=1))
+        write_eval_results(self.run_dir, self.step, results)
         self.logger.scalars(self.step, {f"eval/{k}": v for k, v in results.items() if isinstance(v, float)})
         for k, v in results.items():
             if k.endswith("_histogram"):
@@ -350,14 +363,14 @@ class Trainer:
         counts = torch.tensor([self.skips.reads, self.skips.bad], dtype=torch.float64, device=self.accelerator.device)
         reads, bad = (self.accelerator.reduce(counts, reduction="sum") if self.accelerator.num_processes > 1
                       else counts).tolist()
-        limit = self.cfg.data.max_bad_fraction
+        limit = self.run.data.max_bad_fraction
         if reads >= MIN_READS_FOR_BAD_FRACTION and bad > limit * reads:
             raise TrainingError(f"{bad:.0f} of {reads:.0f} samples read were unreadable ({bad / reads:.1%} > "
                                 f"data.max_bad_fraction={limit}); see {self.run_dir / 'skipped.jsonl'}")
 
     def _after_nonfinite(self) -> bool:
         """Count a skipped step; past train.max_nonfinite_skips stop or roll back. True after a rollback."""
-        tc = self.cfg.train
+        tc = self.run.train
         self.nonfinite_in_a_row += 1
         if self.accelerator.is_main_process:
             print(f"genforge: step {self.step}: non-finite loss or gradient, step skipped "
@@ -386,10 +399,10 @@ class Trainer:
     def fit(self, stop_at: int | None = None) -> Path:
         """Train to `train.steps` (or stop after step `stop_at`, as if interrupted); returns the run dir.
         SIGTERM/SIGINT/SIGUSR1 end the run after a checkpoint by raising Preempted."""
-        acc, cfg = self.accelerator, self.cfg
+        acc, cfg = self.accelerator, self.run
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            (self.run_dir / "config.yaml").write_text(cfg.config_yaml)
             self.checkpoints.clean_incomplete()
         acc.wait_for_everyone()
         latest = self.checkpoints.latest()
@@ -397,7 +410,7 @@ class Trainer:
             self.load_checkpoint(latest)
             if acc.is_main_process:
                 print(f"genforge: resumed from {latest} (step {self.step})", file=sys.stderr)
-        self.logger = RunLogger(self.run_dir, cfg.log, cfg.model_dump(mode="json"), resume_step=self.step) \
+        self.logger = RunLogger(self.run_dir, cfg.log, cfg.config_dict, resume_step=self.step) \
             if acc.is_main_process else None
         try:
             with StopRequests() as stop:
@@ -414,7 +427,7 @@ class Trainer:
         return self.run_dir
 
     def _loop(self, stop: StopRequests, stop_at: int | None) -> None:
-        acc, cfg, tc = self.accelerator, self.cfg, self.cfg.train
+        acc, cfg, tc = self.accelerator, self.run, self.run.train
         bar = tqdm(total=tc.steps, initial=self.step, disable=not (acc.is_main_process and cfg.log.progress),
                    dynamic_ncols=True, desc=self.run_dir.name, file=sys.stderr)
         logs, last_time, last_step = StepLogs(), time.perf_counter(), self.step

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from genforge.core.files import cache_root
 from genforge.data.shapes import COLORS, NUM_CLASSES, render_batch
 
 JUDGE_SIZE = 32
@@ -128,8 +129,7 @@ _LOADED: dict[Path, ShapesJudge] = {}
 
 def judge_cache_path(cache_dir: str | Path | None = None) -> Path:
     """Where the trained judge is cached: `cache_dir` or $GENFORGE_CACHE (default ~/.cache/genforge)."""
-    root = Path(cache_dir or os.environ.get("GENFORGE_CACHE", "~/.cache/genforge")).expanduser()
-    return root / "judge" / f"shapes-judge-{JUDGE_VERSION}.safetensors"
+    return cache_root(cache_dir) / "judge" / f"shapes-judge-{JUDGE_VERSION}.safetensors"
 
 
 def load_or_train_judge(cache_dir: str | Path | None = None) -> ShapesJudge:

@@ -31,12 +31,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from genforge.config.base import DataConfig
+from genforge.core.config import DataConfig
+from genforge.core.files import cache_root
+from genforge.data.base import source_of
 from genforge.data.images import to_uint8
+from genforge.data.loader import heldout_batches, heldout_split, image_data
 from genforge.eval.distributed import gather_rows, rank0_decides, rank_and_world
 from genforge.eval.distribution_metrics import gaussian_stats
 from genforge.eval.features import PoolFeatures
-from genforge.eval.run import heldout_batches, heldout_split
 
 REFERENCE_VERSION = 1
 STATS_SUFFIXES = (".safetensors", ".npz")
@@ -53,11 +55,6 @@ class Reference:
     n: int | None  # images behind the statistics (None: an .npz that does not say)
 
 
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """genforge's cache folder: `cache_dir`, else $GENFORGE_CACHE, else ~/.cache/genforge."""
-    return Path(cache_dir or os.environ.get("GENFORGE_CACHE", "~/.cache/genforge")).expanduser()
-
-
 @torch.no_grad()
 def pool_features(net: PoolFeatures, images: Tensor, device: torch.device | str, batch_size: int = 50) -> Tensor:
     """Features [B, D] (float32, CPU) of images [B, 3, H, W] in [-1, 1], quantised to uint8 first."""
@@ -70,11 +67,10 @@ def pool_features(net: PoolFeatures, images: Tensor, device: torch.device | str,
 def reference_source(data: DataConfig, ref: str | None) -> DataConfig | Path:
     """What to compare with: a statistics file (Path), or the data whose held-out images are the reference."""
     if ref is None:
-        if data.source != "cache":
-            return data
-        from genforge.data.cache import read_manifest
-
-        return DataConfig.model_validate(read_manifest(data.path).preprocessing.data)
+        images = image_data(data)
+        if images is None:
+            raise ValueError(f"the cache {data.path} cannot say which images it was encoded from; give --ref")
+        return images
     path = Path(ref).expanduser()
     if path.is_dir():
         return DataConfig(source="folder", path=str(path.resolve()), image_size=data.image_size)
@@ -86,30 +82,13 @@ def reference_source(data: DataConfig, ref: str | None) -> DataConfig | Path:
                      "or an .npz with mu and sigma")
 
 
-def _folder_listing(root: str) -> str:
-    """sha256 of the names, sizes and mtimes of the images under `root` (a changed folder is new data)."""
-    from genforge.data.folder import scan_images
-
-    digest = hashlib.sha256()
-    for name in scan_images(Path(root)):
-        stat = (Path(root) / name).stat()
-        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
 def describe(data: DataConfig, n: int, net: PoolFeatures) -> dict[str, Any]:
     """Everything the reference features depend on (hashed into the cache key)."""
-    from genforge.data.cache import RESIZE
-
+    source = source_of(data)
     fields = data.model_dump(mode="json", exclude={"num_workers", "flip", "max_bad_fraction", "shuffle_buffer"})
-    if data.source == "folder":
-        fields.update(path=str(Path(data.path).resolve()), files=_folder_listing(str(data.path)))
-    if data.source == "shards":
-        from genforge.data.shards import absolute_spec, expand_spec, listing
-
-        fields.update(path=absolute_spec(data.path), files=listing(expand_spec(absolute_spec(data.path))))
+    fields.update(source.identity(data))
     return {"version": REFERENCE_VERSION, "data": fields, "split": heldout_split(data), "n": n,
-            "resize": RESIZE[data.source], "features": net.fingerprint()}
+            "resize": source.resize, "features": net.fingerprint()}
 
 
 def reference_stats(net: PoolFeatures, source: DataConfig | Path, n: int, device: torch.device | str,

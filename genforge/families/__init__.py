@@ -1,10 +1,10 @@
-"""The families genforge trains. Adding one = a folder here, its config class in FAMILY_CONFIGS, a preset,
-a docs page and a test module that reuses the shared contract test; the engine is not edited."""
+"""The families genforge trains, one folder each. Every sub-package registers itself (genforge.core.registry:
+`register_family`) when imported; importing this package imports them all, so adding a family is adding a folder
+(docs/adding-a-family.md)."""
 
-from genforge.families.dit.config import DiTConfig
-from genforge.families.dvae.config import DVAEConfig
-from genforge.families.klvae.config import KLVAEConfig
-from genforge.families.maskgit.config import MaskGITConfig
-from genforge.families.vqgan.config import VQGANConfig
+import importlib
+import pkgutil
 
-FAMILY_CONFIGS = (DiTConfig, DVAEConfig, KLVAEConfig, MaskGITConfig, VQGANConfig)
+for _family in pkgutil.iter_modules(__path__):
+    if _family.ispkg:
+        importlib.import_module(f"{__name__}.{_family.name}")

@@ -1,43 +1,21 @@
-"""Latent codecs: the encoder/decoder interface between pixels and the space a generator models.
+"""Parameter-free stand-in codecs, and the config section through which a generator names its codec.
 
-A generator that trains "in latent space" (DiT as in the paper, on Stable-Diffusion VAE latents) calls
-`encode` on its pixel batch and `decode` on its samples. Continuous tokenizers (klvae) implement
-`LatentCodec`, discrete ones (dvae, vqgan) `TokenCodec`; a tokenizer family hands its codec out through
-`Task.codec()`. `SpaceToDepthCodec` is an exact, parameter-free stand-in that turns an image into a
-lower-resolution, many-channel tensor, so the latent path can be trained and tested without a tokenizer.
+`SpaceToDepthCodec` (a LatentCodec) turns an image into a lower-resolution, many-channel tensor and back exactly;
+`ColourQuantizerCodec` (a TokenCodec) paints blocks in quantised colours. They let the latent path (DiT) and the
+token path (MaskGIT) be trained and tested without a trained tokenizer. The protocols are genforge.core.codec's.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-
-@runtime_checkable
-class LatentCodec(Protocol):
-    """image [B, 3, H, W] in [-1, 1]  <->  latent [B, latent_channels, H / downsample, W / downsample]."""
-
-    latent_channels: int
-    downsample: int
-
-    def encode(self, image: Tensor) -> Tensor: ...
-
-    def decode(self, latent: Tensor) -> Tensor: ...
-
-
-@runtime_checkable
-class TokenCodec(Protocol):
-    """image [B, 3, H, W] in [-1, 1]  <->  token ids long [B, H / downsample, W / downsample] in [0, codebook_size)."""
-
-    codebook_size: int
-    downsample: int
-
-    def encode(self, image: Tensor) -> Tensor: ...
-
-    def decode(self, ids: Tensor) -> Tensor: ...
+from genforge.core.codec import InputRun
+from genforge.core.config import StrictModel
 
 
 class SpaceToDepthCodec(nn.Module):
@@ -81,3 +59,66 @@ class ColourQuantizerCodec(nn.Module):
         q = torch.stack([ids // (n * n), ids // n % n, ids % n], dim=1).float()  # [B, 3, h, w] in 0..n-1
         colour = (q + 0.5) / n * 2 - 1  # level centres in [-1, 1]
         return F.interpolate(colour, scale_factor=self.factor, mode="nearest")  # [B, 3, H, W]
+
+
+STANDINS = {"space_to_depth": "latent", "colour": "tokens"}  # stand-in codec -> the kind of codes it makes
+
+
+class CodecInputConfig(StrictModel):
+    """Where a generator's codes come from (`model.latent` of dit, `model.tokens` of maskgit): a trained tokenizer
+    run (its latest checkpoint's EMA weights encode and decode), or a parameter-free stand-in. A subclass narrows
+    `codec` to the stand-in of its kind and sets `kind` and `field`."""
+
+    kind: ClassVar[str]  # "latent" or "tokens": what the generator models
+    field: ClassVar[str]  # the config field, for messages: "model.latent"
+    codec: str
+    tokenizer: str | None = Field(None, description="codec=tokenizer: run directory of a trained tokenizer")
+    factor: int = Field(2, ge=1, le=16, description="a stand-in's downsampling: pixels per position along each side")
+    scale: float = Field(1.0, gt=0.0, description="codec=space_to_depth: latent = encode(x) * scale (a tokenizer "
+                                                   "brings its own scale factor)")
+    levels: int = Field(4, ge=2, le=16, description="codec=colour: levels per RGB channel (levels³ codes)")
+
+    @model_validator(mode="after")
+    def _fields_fit_the_codec(self) -> "CodecInputConfig":
+        f = self.field
+        if self.codec == "tokenizer" and not self.tokenizer:
+            raise ValueError(f"{f}.tokenizer (a tokenizer run directory) is required when {f}.codec is 'tokenizer'")
+        if self.codec != "tokenizer" and self.tokenizer:
+            raise ValueError(f"{f}.tokenizer applies to {f}.codec=tokenizer")
+        own = {"space_to_depth": ("factor", "scale"), "colour": ("factor", "levels")}.get(self.codec, ())
+        for name in ("factor", "scale", "levels"):
+            if name not in own and getattr(self, name) != type(self).model_fields[name].default:
+                where = "a tokenizer's downsampling and scale come from its checkpoint" if self.codec == "tokenizer" \
+                    else f"it applies to codec={'colour' if name == 'levels' else 'space_to_depth'}"
+                raise ValueError(f"{f}.{name} does not apply to {f}.codec={self.codec} ({where})")
+        return self
+
+    def input_runs(self) -> dict[str, InputRun]:
+        """The tokenizer run, when the codes come from one."""
+        if self.codec != "tokenizer":
+            return {}
+        return {f"{self.field}.tokenizer": InputRun(self.tokenizer, self.kind)}
+
+    def standin(self, image_channels: int = 3) -> nn.Module:
+        """The stand-in codec of `codec` (not for codec=tokenizer)."""
+        if self.codec == "space_to_depth":
+            return SpaceToDepthCodec(image_channels, self.factor, self.scale)
+        if self.codec == "colour":
+            return ColourQuantizerCodec(self.factor, self.levels)
+        raise ValueError(f"{self.field}.codec={self.codec} is not a stand-in codec")
+
+
+class LatentInputConfig(CodecInputConfig):
+    """DiT's latents: a trained continuous tokenizer (a klvae run), or `space_to_depth`."""
+
+    kind: ClassVar[str] = "latent"
+    field: ClassVar[str] = "model.latent"
+    codec: Literal["space_to_depth", "tokenizer"] = "space_to_depth"
+
+
+class TokenInputConfig(CodecInputConfig):
+    """MaskGIT's token ids: a trained discrete tokenizer (a vqgan or dvae run), or `colour` (tests)."""
+
+    kind: ClassVar[str] = "tokens"
+    field: ClassVar[str] = "model.tokens"
+    codec: Literal["tokenizer", "colour"] = "tokenizer"

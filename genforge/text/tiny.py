@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from genforge.nn.attention import Attention, Mlp
-from genforge.text.encoders import TextEncoder
+from genforge.text.base import TextEncoder
 
 PAD, BOS, EOS = 0, 1, 2
 OFFSET = 3  # byte b is token b + OFFSET

@@ -7,12 +7,13 @@ import pytest
 import torch
 from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
 
-from genforge.config import ConfigError, load_config
-from genforge.config.base import DataConfig
-from genforge.data.cache import MANIFEST, CacheDataset, CacheError, encode_dataset, read_manifest
+from genforge.app.config import ConfigError, load_config
+from genforge.core.config import DataConfig
+from genforge.app.encode import encode_dataset
+from genforge.data.cache import MANIFEST, CacheDataset, CacheError, read_manifest
 from genforge.data.loader import StepBatchSampler, build_dataset, data_info
 from genforge.data.shapes import mirror_caption
-from genforge.engine.runs import load_codec
+from genforge.app.runs import load_codec
 from genforge.testing import same_run
 
 
@@ -136,22 +137,22 @@ def _dit_on_cache(tokenizer, cache):
 
 
 def test_dit_trains_from_a_cache_and_resumes_exactly(tmp_path, fake_tokenizer):
-    from genforge.engine.trainer import Trainer
+    from genforge.app.runs import make_trainer
 
     run = fake_tokenizer(tmp_path / "tok")
     _encode(run, tmp_path / "cache")
     cfg = load_config("dit-latent-debug", _dit_on_cache(run, tmp_path / "cache"))
-    straight = Trainer(cfg, tmp_path / "straight")
+    straight = make_trainer(cfg, tmp_path / "straight")
     straight.fit()
     assert straight.step == 4 and "latent" in straight.dataset[0]
     interrupted = tmp_path / "interrupted"
-    Trainer(cfg, interrupted).fit(stop_at=2)
-    Trainer(cfg, interrupted).fit()
+    make_trainer(cfg, interrupted).fit(stop_at=2)
+    make_trainer(cfg, interrupted).fit()
     assert same_run(tmp_path / "straight", interrupted)
 
 
 def test_dit_refuses_the_cache_of_another_tokenizer(tmp_path, fake_tokenizer):
-    from genforge.engine.runs import build_task
+    from genforge.app.runs import build_task
 
     _encode(fake_tokenizer(tmp_path / "tok"), tmp_path / "cache")
     other = fake_tokenizer(tmp_path / "other", scale=0.25)
@@ -160,7 +161,7 @@ def test_dit_refuses_the_cache_of_another_tokenizer(tmp_path, fake_tokenizer):
     tok, oth = load_codec(tmp_path / "tok")[1], load_codec(other)[1]
     for name in (tok.encoder_hash, oth.encoder_hash, tok.checkpoint, oth.checkpoint, str(tmp_path / "cache")):
         assert name in str(refused.value)
-    with pytest.raises(ValueError, match="tokenizer of discrete tokens; DiT models continuous latents"):
+    with pytest.raises(ValueError, match="tokenizer of discrete tokens; model.family=dit models continuous latents"):
         build_task(load_config("dit-latent-debug", _dit_on_cache(
             fake_tokenizer(tmp_path / "vq", kind="tokens"), tmp_path / "cache")), device="meta")
 
@@ -171,7 +172,7 @@ def test_dit_refuses_the_cache_of_another_tokenizer(tmp_path, fake_tokenizer):
     (["model.latent.codec=tokenizer"], "model.latent.tokenizer (a tokenizer run directory) is required"),
     (["model.latent.tokenizer=runs/vae"], "model.latent.tokenizer applies to model.latent.codec=tokenizer"),
     (["model.latent.codec=tokenizer", "model.latent.tokenizer=runs/vae", "model.latent.factor=4"],
-     "factor and scale apply to codec=space_to_depth"),
+     "model.latent.factor does not apply to model.latent.codec=tokenizer"),
 ])
 def test_config_errors_name_the_fields(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -13,13 +13,14 @@ from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
 from PIL import Image
 from webdataset import TarWriter
 
-from genforge.config import load_config
-from genforge.config.base import DataConfig, TrainConfig
-from genforge.data.cache import CacheDataset, encode_dataset
+from genforge.app.config import load_config
+from genforge.core.config import DataConfig, TrainConfig
+from genforge.app.encode import encode_dataset
+from genforge.data.cache import CacheDataset
 from genforge.data.loader import build_dataset, build_train_batches, dataset_size
 from genforge.data.shapes import ShapesDataset, write_shapes_shards
 from genforge.data.shards import DataError, decode_record
-from genforge.engine.runs import load_codec
+from genforge.app.runs import load_codec
 from genforge.eval.run import heldout_batches
 from genforge.testing import same_run
 
@@ -202,14 +203,14 @@ def test_shapes_shards_held_out_images_and_encode(tmp_path, fake_tokenizer):
 
 
 def test_training_on_shards_resumes_bit_identically(tmp_path):
-    from genforge.engine.trainer import Trainer
+    from genforge.app.runs import make_trainer
 
     pattern, _ = write_shapes_shards(tmp_path / "shards", 48, 16, shard_size=12)
     overrides = ["data.source=shards", f"data.path={pattern}", "data.num_workers=2", "data.shuffle_buffer=8",
                  "model.num_classes=16", "train.log_every=1", "train.sample_every=0"]
 
     def train(run_dir, stop_at=None):
-        trainer = Trainer(load_config("dit-debug", overrides), run_dir)
+        trainer = make_trainer(load_config("dit-debug", overrides), run_dir)
         trainer.fit(stop_at=stop_at)
         return trainer
 

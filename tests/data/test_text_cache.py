@@ -9,11 +9,12 @@ from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
 from typer.testing import CliRunner
 
 from genforge.cli import app
-from genforge.config import load_config
-from genforge.data.cache import MANIFEST, CacheDataset, CacheError, encode_dataset, read_manifest
+from genforge.app.config import load_config
+from genforge.app.encode import encode_dataset
+from genforge.data.cache import MANIFEST, CacheDataset, CacheError, read_manifest
 from genforge.data.images import flip_drawn
 from genforge.data.text_embeds import CAPTIONS_FILE, EMBEDS_FILE, use_cached_text_embeds
-from genforge.engine.runs import load_codec
+from genforge.app.runs import load_codec
 from genforge.text import TextEncoderConfig, build_text_encoder
 
 runner = CliRunner()
@@ -80,12 +81,12 @@ def test_a_cache_without_text_encoder_has_no_embeddings(tmp_path, fake_tokenizer
 
 
 def test_a_failed_text_encode_leaves_nothing(tmp_path, fake_tokenizer, monkeypatch):
-    from genforge.data import text_embeds
+    from genforge.app import encode
 
     def killed(*args, **kwargs):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(text_embeds, "write_text_embeds", killed)
+    monkeypatch.setattr(encode, "write_text_embeds", killed)
     with pytest.raises(RuntimeError, match="killed"):
         _encode(fake_tokenizer(tmp_path / "tok"), tmp_path / "cache")
     assert not (tmp_path / "cache").exists() and not list(tmp_path.glob(".tmp-*"))

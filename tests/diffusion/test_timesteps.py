@@ -3,7 +3,7 @@
 import torch
 
 from genforge.diffusion.config import DiffusionConfig
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
 
 
 def draw(cfg: DiffusionConfig, n: int, offset: int = 0, size: int | None = None, step: int = 3) -> torch.Tensor:

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from genforge.config import load_config
-from genforge.engine.trainer import Trainer
+from genforge.app.config import load_config
+from genforge.app.runs import make_trainer
 from genforge.families.dit.task import DiTTask
 
 fault = os.environ.get("GENFORGE_TEST_FAULT")
@@ -30,7 +30,7 @@ if fault and os.environ.get("RANK") == "1":
     DiTTask.loss = faulty
 
 run_dir, out_dir, *overrides = sys.argv[1:]
-trainer = Trainer(load_config("dit-debug", overrides), Path(run_dir))
+trainer = make_trainer(load_config("dit-debug", overrides), Path(run_dir))
 trainer.fit()
 rank = trainer.accelerator.process_index
 state = {k: v.detach().cpu().contiguous() for k, v in trainer.task.state_dict().items()}

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from genforge.config import load_config
+from genforge.app.config import load_config
 from genforge.engine import trainer as trainer_module
 from genforge.engine.checkpoint import CheckpointDir, CheckpointError
-from genforge.engine.trainer import Trainer, TrainingError
+from genforge.app.runs import make_trainer
+from genforge.engine.trainer import TrainingError
 from genforge.testing import (KILL_RUN, child_env, kill_checkpoint_trial, kill_resume_trial, run, same_run,
                               start_and_kill, train_argv)
 
@@ -77,7 +78,7 @@ def test_checkpoint_write_error_keeps_the_previous_checkpoint(tmp_path, monkeypa
 
     monkeypatch.setattr(trainer_module, "save_tensors", fails_second_time)
     with pytest.raises(CheckpointError) as info:
-        Trainer(cfg, tmp_path).fit()
+        make_trainer(cfg, tmp_path).fit()
     message = str(info.value)
     assert "step 4" in message and "[Errno 28]" in message and str(tmp_path) in message
     assert "still step-000002" in message
@@ -168,7 +169,7 @@ def test_too_much_bad_data_stops_the_run(tmp_path):
     cfg = load_config("dit-debug", ["data.source=folder", f"data.path={tmp_path / 'data'}", "train.steps=30",
                                     "data.max_bad_fraction=0.1", "train.sample_every=0"])
     with pytest.raises(TrainingError, match="data.max_bad_fraction=0.1"):
-        Trainer(cfg, tmp_path / "run").fit()
+        make_trainer(cfg, tmp_path / "run").fit()
 
 
 def test_missing_or_empty_data_folder_fails_before_any_model(tmp_path):

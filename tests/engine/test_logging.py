@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from genforge.config.base import LogConfig
-from genforge.engine.logging import RunLogger, image_grid
+from genforge.core.config import LogConfig
+from genforge.data.previews import image_grid
+from genforge.engine.logging import RunLogger
 
 
 def test_scalars_go_to_jsonl_and_a_resumed_run_drops_what_came_after_its_checkpoint(tmp_path):

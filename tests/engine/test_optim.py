@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from genforge.config.base import TrainConfig
+from genforge.core.config import TrainConfig
 from genforge.engine.optim import lr_factor
 
 

@@ -1,6 +1,6 @@
 import torch
 
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
 
 
 def test_rows_do_not_depend_on_split():

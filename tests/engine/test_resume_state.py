@@ -6,7 +6,8 @@ from functools import partialmethod
 import pytest
 import torch
 
-from genforge.config import load_config
+from genforge.app.config import load_config
+from genforge.app.runs import make_trainer
 from genforge.engine.trainer import STATE_PIECES, Trainer, TrainingError
 from genforge.families.dit.task import DiTTask
 
@@ -16,7 +17,7 @@ OVERRIDES = ["train.steps=8", "train.checkpoint_every=4", "train.log_every=1", "
 
 
 def _run(run_dir, overrides=(), stop_at=None):
-    trainer = Trainer(load_config("dit-debug", OVERRIDES + list(overrides)), run_dir)
+    trainer = make_trainer(load_config("dit-debug", OVERRIDES + list(overrides)), run_dir)
     trainer.fit(stop_at=stop_at)
     return trainer
 
@@ -67,7 +68,7 @@ def _optimizer_state(trainer):
 
 
 def test_nonfinite_step_is_skipped_and_changes_nothing(tmp_path, monkeypatch, capsys):
-    trainer = Trainer(load_config("dit-debug", OVERRIDES), tmp_path)
+    trainer = make_trainer(load_config("dit-debug", OVERRIDES), tmp_path)
     trainer.fit(stop_at=3)
     before = (_optimizer_state(trainer), trainer.task.state_dict(), trainer.ema.state_dict())
     before = tuple({k: v.clone() for k, v in part.items()} for part in before)
@@ -125,4 +126,4 @@ def test_fp16_without_a_gpu_is_a_clear_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(ValueError, match="train.precision=fp16 needs a CUDA GPU"):
-        Trainer(load_config("dit-debug", ["train.precision=fp16"]), tmp_path)
+        make_trainer(load_config("dit-debug", ["train.precision=fp16"]), tmp_path)

@@ -9,14 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from genforge.config import load_config
-from genforge.engine.trainer import Trainer
+from genforge.app.config import load_config
+from genforge.app.runs import make_trainer
 
 HERE = Path(__file__).parent
 
 
 def _train(run_dir, overrides=(), stop_at=None):
-    trainer = Trainer(load_config("dit-debug", list(overrides)), run_dir)
+    trainer = make_trainer(load_config("dit-debug", list(overrides)), run_dir)
     trainer.fit(stop_at=stop_at)
     return trainer
 
@@ -69,7 +69,7 @@ def test_grad_accumulation_matches_full_batch(tmp_path):
 
 def test_fresh_starts_a_new_run_directory(tmp_path):
     _train(tmp_path / "run", ["train.steps=3"])
-    trainer = Trainer(load_config("dit-debug", ["train.steps=3"]), tmp_path / "run", fresh=True)
+    trainer = make_trainer(load_config("dit-debug", ["train.steps=3"]), tmp_path / "run", fresh=True)
     assert trainer.run_dir == tmp_path / "run-1"
 
 

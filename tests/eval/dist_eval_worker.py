@@ -8,16 +8,17 @@ import sys
 import torch.distributed as dist
 
 from eval_standins import NoiseGenerator, TinyFeatures
-from genforge.config import load_config
+from genforge.app.config import load_config
+from genforge.eval import metrics as metrics_module
 from genforge.eval import run as run_module
 
 out = sys.argv[1]
 if int(os.environ.get("WORLD_SIZE", "1")) > 1:
     dist.init_process_group("gloo")
 net = TinyFeatures()
-run_module.feature_network = lambda device: net
+metrics_module.feature_network = lambda device: net
 cfg = load_config("dit-debug", ["eval.ref_n=12"])  # reference: 12 held-out shapes, in batches of 4
-results = run_module.evaluate_task(NoiseGenerator(), cfg, ["fid", "kid", "prdc"], n=14, seed=3, device="cpu",
+results = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid", "kid", "prdc"], n=14, seed=3, device="cpu",
                                    batch_size=4)
 rank = dist.get_rank() if dist.is_initialized() else 0
 with open(f"{out}-rank{rank}.json", "w") as file:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from genforge.engine.task import Batch, Task
+from genforge.core.task import Batch, Task
 
 
 class TinyFeatures:
@@ -37,5 +37,5 @@ class NoiseGenerator(Task):
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
         return Batch(label=torch.arange(n) % 16)
 
-    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
-        return torch.rand(len(cond["label"]), 3, self.size, self.size, generator=generator) * 2 - 1
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+        return torch.rand(n, 3, self.size, self.size, generator=generator) * 2 - 1

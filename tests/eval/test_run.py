@@ -3,16 +3,17 @@
 import json
 import math
 import sys
-from typing import get_args
-
 import pytest
 import torch
 from torch import nn
 
-from genforge.config import load_config
-from genforge.config.base import METRIC_RESULTS, DataConfig, EvalConfig, MetricName
-from genforge.engine.task import Task
-from genforge.eval.run import evaluate_task, evaluate_tokenizer, heldout_split
+from genforge.app.config import load_config
+from genforge.core.config import DataConfig, EvalConfig
+from genforge.core.registry import METRICS
+from genforge.core.task import Task
+from genforge.data.loader import heldout_split
+from genforge.eval.metrics import EvalContext, check_metrics
+from genforge.eval.run import evaluate_task, evaluate_tokenizer
 from genforge.nn.codec import SpaceToDepthCodec
 from genforge.testing import run, train_argv
 
@@ -52,18 +53,21 @@ def cfg():
 
 
 def test_exact_codec_scores_perfectly_on_held_out_images(cfg):
-    results = evaluate_task(Tokenizer(SpaceToDepthCodec()), cfg, ["psnr", "ssim", "perceptual"], n=5, seed=0,
-                            device="cpu")
+    results = evaluate_task(Tokenizer(SpaceToDepthCodec()), cfg.data, cfg.eval, ["psnr", "ssim", "perceptual"], n=5,
+                            seed=0, device="cpu")
     assert results["n"] == 5 and results["split"] == "val"
     assert math.isinf(results["psnr"]) and results["ssim"] == pytest.approx(1.0)
     assert abs(results["perceptual"]) < 1e-6
-    again = evaluate_tokenizer(SpaceToDepthCodec(), cfg, ["ssim"], n=5, device="cpu", batch_size=2)
+    again = evaluate_tokenizer(SpaceToDepthCodec(), check_metrics(["ssim"], ("tokenizer",)),
+                               EvalContext(cfg.data, cfg.eval, n=5, device="cpu"), batch_size=2)
     assert again == {"n": 5, "split": "val", "ssim": pytest.approx(1.0)}
 
 
 def test_token_codec_reports_codebook_usage(cfg):
-    results = evaluate_task(Tokenizer(GreyCodec()), cfg, ["psnr", "codebook"], n=6, seed=0, device="cpu")
-    assert set(results) == {"n", "split", *METRIC_RESULTS["psnr"], *METRIC_RESULTS["codebook"], "codebook_histogram"}
+    results = evaluate_task(Tokenizer(GreyCodec()), cfg.data, cfg.eval, ["psnr", "codebook"], n=6, seed=0,
+                            device="cpu")
+    assert set(results) == {"n", "split", *METRICS.get("psnr").results, *METRICS.get("codebook").results,
+                            "codebook_histogram"}
     assert len(results["codebook_histogram"]) == 16 and sum(results["codebook_histogram"]) == 6 * 16 * 16
     assert 5 < results["psnr"] < 60
     assert results["codebook_usage"] == (16 - results["codebook_dead"]) / 16
@@ -71,23 +75,28 @@ def test_token_codec_reports_codebook_usage(cfg):
 
 
 def test_metric_of_the_wrong_kind_is_a_clear_error(cfg):
-    with pytest.raises(ValueError, match=r"'judge'.*'dit' \(a tokenizer\)"):
-        evaluate_task(Tokenizer(GreyCodec()), cfg, ["psnr", "judge"], n=2, seed=0, device="cpu")
-    with pytest.raises(ValueError, match=r"'psnr'.*'dit' \(a generator\)"):
-        evaluate_task(Task(), cfg, ["psnr"], n=2, seed=0, device="cpu")
-    with pytest.raises(ValueError, match=r"'ssim'.*\(a generator\)"):
-        evaluate_task(LatentGenerator(), cfg, ["ssim"], n=2, seed=0, device="cpu")
+    def evaluate(task, metrics, **opts):
+        return evaluate_task(task, cfg.data, cfg.eval, metrics, n=2, seed=0, device="cpu", **opts)
+
+    with pytest.raises(ValueError, match=r"'judge' needs a generator; this model is a discrete tokenizer"):
+        evaluate(Tokenizer(GreyCodec()), ["psnr", "judge"])
+    with pytest.raises(ValueError, match=r"'psnr' needs a tokenizer; this model is a generator"):
+        evaluate(Task(), ["psnr"])
+    with pytest.raises(ValueError, match=r"'ssim'.*a generator"):
+        evaluate(LatentGenerator(), ["ssim"])
     with pytest.raises(ValueError, match="'codebook' needs a discrete tokenizer"):
-        evaluate_task(Tokenizer(SpaceToDepthCodec()), cfg, ["codebook"], n=2, seed=0, device="cpu")
+        evaluate(Tokenizer(SpaceToDepthCodec()), ["codebook"])
+    with pytest.raises(ValueError, match="unknown metric 'nope'"):
+        evaluate(Task(), ["nope"])
     with pytest.raises(ValueError, match="sampler options"):
-        evaluate_task(Tokenizer(GreyCodec()), cfg, ["psnr"], n=2, seed=0, device="cpu", steps=4)
+        evaluate(Tokenizer(GreyCodec()), ["psnr"], steps=4)
 
 
 def test_held_out_split_and_metric_names():
     assert heldout_split(DataConfig(source="folder", path="x")) == "train"
     assert heldout_split(DataConfig(source="folder", path="x", val_fraction=0.1)) == "val"
     assert heldout_split(DataConfig()) == "val"  # shapes: another seed
-    assert set(get_args(MetricName)) == set(METRIC_RESULTS)
+    assert {"judge", "fid", "kid", "is", "prdc", "psnr", "ssim", "perceptual", "codebook"} <= set(METRICS)
     assert EvalConfig(metrics=["psnr", "codebook"]).metrics == ["psnr", "codebook"]
 
 

@@ -1,6 +1,7 @@
 import torch
 
-from genforge.nn.codec import LatentCodec, SpaceToDepthCodec
+from genforge.core.codec import LatentCodec
+from genforge.nn.codec import SpaceToDepthCodec
 
 
 def test_space_to_depth_is_exact_and_shapes_follow_the_interface():

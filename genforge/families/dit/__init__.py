@@ -1,0 +1,9 @@
+"""dit: the Diffusion Transformer (adaLN-Zero) on pixels or a tokenizer's latents, IDDPM Gaussian diffusion, CFG."""
+
+from pathlib import Path
+
+from genforge.core.family import register_family
+from genforge.families.dit.config import DiTConfig
+from genforge.families.dit.task import DiTTask
+
+register_family(DiTConfig, DiTTask, Path(__file__).parent / "presets")

@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from genforge.core.family import BuildContext
+from genforge.core.task import Batch, Task, class_conditions
 from genforge.diffusion import classifier_free_guidance
-from genforge.engine.task import Batch, Task
 from genforge.families.dit.config import DiTConfig
 from genforge.families.dit.model import DiT
-from genforge.nn.codec import SpaceToDepthCodec
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
 
 
 class DiTTask(Task):
     """Trains `DiT` with `diffusion.training_losses` (DiT train.py's objective) and samples with DDPM/DDIM."""
 
-    def __init__(self, cfg: DiTConfig, run: "RunConfig", data: "DataInfo") -> None:
+    def __init__(self, cfg: DiTConfig, ctx: BuildContext) -> None:
         super().__init__()
         self.cfg = cfg
-        self.latent_codec = self._build_codec(cfg, run, data)  # frozen; None: DiT models pixels
+        data = ctx.info
+        self.latent_codec = self._build_codec(cfg, ctx)  # frozen; None: DiT models pixels
         self.channels = self.latent_codec.latent_channels if self.latent_codec else data.channels
         self.input_size = data.image_size // (self.latent_codec.downsample if self.latent_codec else 1)
         self.num_classes = 0
@@ -46,17 +43,14 @@ class DiTTask(Task):
         self._samplers: dict[tuple[str, int], Any] = {}
 
     @staticmethod
-    def _build_codec(cfg: DiTConfig, run: "RunConfig", data: "DataInfo") -> torch.nn.Module | None:
-        """The latent codec of `model.latent`: the stand-in, or a tokenizer run's (checked against a cache)."""
+    def _build_codec(cfg: DiTConfig, ctx: BuildContext) -> torch.nn.Module | None:
+        """The latent codec of `model.latent`: the stand-in, or the tokenizer run's, loaded by the application."""
         if cfg.latent is None:
             return None
-        if cfg.latent.codec == "space_to_depth":
-            return SpaceToDepthCodec(data.channels, cfg.latent.factor, cfg.latent.scale)
-        from genforge.engine.runs import load_input_codec
-
-        codec, info = load_input_codec(cfg.latent.tokenizer, "model.latent.tokenizer", "latent", "DiT", data,
-                                       run.data.path)
-        cfg.check_grid(data.image_size, info.downsample, f"the downsampling of {cfg.latent.tokenizer}")
+        if cfg.latent.codec != "tokenizer":
+            return cfg.latent.standin(ctx.info.channels)
+        codec, info = ctx.codecs["model.latent.tokenizer"]
+        cfg.check_grid(ctx.info.image_size, info.downsample, f"the downsampling of {cfg.latent.tokenizer}")
         return codec
 
     def ema_module(self) -> torch.nn.Module:
@@ -95,14 +89,7 @@ class DiTTask(Task):
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
         if not self.num_classes:
             return Batch()
-        label = opts.get("label")
-        if label is not None:
-            if not 0 <= label < self.num_classes:
-                raise ValueError(f"--label {label}: allowed 0..{self.num_classes - 1}")
-            labels = torch.full((n,), label, dtype=torch.long)
-        else:
-            labels = torch.arange(n) % self.num_classes  # every class in turn: one per grid cell
-        return Batch(label=labels.to(generator.device))
+        return class_conditions(n, self.num_classes, opts.get("label"), generator.device)
 
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
         d = self.cfg.diffusion
@@ -115,7 +102,7 @@ class DiTTask(Task):
         }
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
         """Ancestral DDPM or DDIM sampling with classifier-free guidance; images in [-1, 1]."""
         s = self.sampler_settings(**opts)
         key = (s["sampler"], s["steps"])
@@ -123,13 +110,12 @@ class DiTTask(Task):
             self._samplers[key] = self.cfg.diffusion.model_copy(update={"sampler": s["sampler"]}).build(s["steps"])
         diffusion = self._samplers[key]
         device = next(self.model.parameters()).device
-        n = len(cond["label"]) if "label" in cond else int(opts.get("n", 16))
         shape = (n, self.channels, self.input_size, self.input_size)
         model_fn, kwargs = self.model, {}
         if self.num_classes:
             kwargs = {"y": cond["label"].to(device)}
             if s["cfg_scale"] > 1.0:
-                null = {"y": torch.full_like(kwargs["y"], self.num_classes)}
+                null = {"y": torch.full_like(kwargs["y"], self.model.y_embedder.null_id)}
                 model_fn = classifier_free_guidance(self.model, s["cfg_scale"], null, out_channels=self.channels)
         clip = self.latent_codec is None  # pixels live in [-1, 1]; latents have no fixed range
         if s["sampler"] == "ddim":

@@ -4,22 +4,18 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from genforge.families.tokenizer.config import PerceptualConfig, TokenizerConfig
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
-    from genforge.engine.task import Task
+from genforge.tokenizer_base.config import PerceptualConfig, TokenizerConfig
 
 
 class DVAEConfig(TokenizerConfig):
     """Architecture, the Gumbel temperature schedule and the KL weight schedule."""
 
     default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim", "codebook")
+    roles: ClassVar[tuple[str, ...]] = ("tokenizer", "discrete")
     family: Literal["dvae"] = "dvae"
     # DALL·E trained with MSE-like (logit-Laplace) likelihoods and DALLE-pytorch with MSE or smooth L1: no l1 here
     reconstruction_loss: Literal["mse", "smooth_l1"] = "mse"
@@ -60,8 +56,3 @@ class DVAEConfig(TokenizerConfig):
         if self.kl_warmup_steps == 0:
             return self.kl_weight
         return self.kl_weight * min(1.0, step / self.kl_warmup_steps)
-
-    def build_task(self, run: "RunConfig", data: "DataInfo") -> "Task":
-        from genforge.families.dvae.task import DVAETask
-
-        return DVAETask(self, run, data)

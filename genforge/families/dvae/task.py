@@ -14,30 +14,26 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from genforge.engine.random import BatchRandom
-from genforge.engine.task import Batch
+from genforge.core.random import BatchRandom
+from genforge.core.family import BuildContext
+from genforge.core.task import Batch
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.dvae.config import DVAEConfig
 from genforge.families.dvae.model import DiscreteVAE
-from genforge.families.tokenizer.task import TokenizerTask
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
+from genforge.nn.sampling import gumbel
+from genforge.tokenizer_base.task import TokenizerTask, interleave_rows
 
 
 def gumbel_softmax(logits: Tensor, uniform: Tensor, temperature: float, hard: bool) -> Tensor:
     """Relaxed one-hot sample over dim 1 of `logits` [B, K, ...] from uniform noise of the same shape;
     `hard`: the exact one-hot of its argmax in the forward pass, the soft sample's gradient in the backward."""
-    u = uniform.clamp_min(torch.finfo(uniform.dtype).tiny)  # u = 0 would give g = −inf
-    gumbel = -torch.log(-torch.log(u))
-    soft = F.softmax((logits + gumbel) / temperature, dim=1)
+    soft = F.softmax((logits + gumbel(uniform)) / temperature, dim=1)
     if not hard:
         return soft
     one_hot = torch.zeros_like(soft).scatter_(1, soft.argmax(dim=1, keepdim=True), 1.0)
@@ -55,13 +51,13 @@ class DVAETask(TokenizerTask):
 
     cfg: DVAEConfig
 
-    def __init__(self, cfg: DVAEConfig, run: "RunConfig", data: "DataInfo") -> None:
-        super().__init__(cfg, run, data)
-        if cfg.channels != data.channels:
-            raise ValueError(f"model.channels={cfg.channels} but the images of data.source={run.data.source} have "
-                             f"{data.channels} channels; genforge's image loaders read RGB, so model.channels=4 "
+    def __init__(self, cfg: DVAEConfig, ctx: BuildContext) -> None:
+        super().__init__(cfg, ctx)
+        if cfg.channels != ctx.info.channels:
+            raise ValueError(f"model.channels={cfg.channels} but the images of data.source={ctx.data.source} have "
+                             f"{ctx.info.channels} channels; genforge's image loaders read RGB, so model.channels=4 "
                              "(RGBA) needs a 4-channel data source")
-        self.autoencoder = DiscreteVAE(cfg, data.channels)
+        self.autoencoder = DiscreteVAE(cfg, ctx.info.channels)
         self.next_step = 0  # the optimizer step the next training call will be at
 
     # -------------------------------------------------------------------------------- schedules
@@ -115,9 +111,5 @@ class DVAETask(TokenizerTask):
         """Rows of 8 originals, each followed by their hard reconstructions (argmax codes, = `images`) and their
         soft reconstructions (softmax(logits / τ) mixed codebook vectors)."""
         device = next(self.autoencoder.parameters()).device
-        original = cond["image"].to(device)
-        soft = self.soft_reconstruct(original).float().clamp(-1, 1).to(images.device, images.dtype)
-        original = original.to(images.device, images.dtype)
-        rows = [t for start in range(0, len(images), 8)
-                for t in (original[start:start + 8], images[start:start + 8], soft[start:start + 8])]
-        return torch.cat(rows), min(8, len(images))
+        soft = self.soft_reconstruct(cond["image"].to(device)).float().clamp(-1, 1)
+        return interleave_rows([cond["image"], images, soft])

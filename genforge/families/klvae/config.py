@@ -3,16 +3,11 @@ diffusers' AutoencoderKL, the Stable Diffusion VAE that DiT trains on)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from genforge.families.tokenizer.config import ConvStackConfig
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
-    from genforge.engine.task import Task
+from genforge.tokenizer_base.config import ConvStackConfig
 
 
 class KLVAEConfig(ConvStackConfig):
@@ -28,14 +23,3 @@ class KLVAEConfig(ConvStackConfig):
                                                                  "1 / std of the latents, estimated while training")
     pretrained: str | None = Field(None, description="a local diffusers AutoencoderKL directory (e.g. "
                                                      "sd-vae-ft-ema) to start from; its architecture is used")
-
-    def check_run(self, run: "RunConfig") -> None:
-        super().check_run(run)
-        if "codebook" in (run.eval.metrics or ()):
-            raise ValueError("eval.metrics: 'codebook' needs a discrete tokenizer (dvae, vqgan); klvae has "
-                             "continuous latents")
-
-    def build_task(self, run: "RunConfig", data: "DataInfo") -> "Task":
-        from genforge.families.klvae.task import KLVAETask
-
-        return KLVAETask(self, run, data)

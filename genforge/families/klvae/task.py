@@ -2,32 +2,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torch import Tensor
 
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
+from genforge.core.family import BuildContext
 from genforge.families.klvae.config import KLVAEConfig
 from genforge.families.klvae.model import KLAutoencoder, build_autoencoder_kl
-from genforge.families.tokenizer.task import TokenizerTask
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
+from genforge.tokenizer_base.task import TokenizerTask
 
 
 class KLVAETask(TokenizerTask):
     """Trains a KLAutoencoder; its codec's latents are what a latent DiT models."""
 
-    def __init__(self, cfg: KLVAEConfig, run: "RunConfig", data: "DataInfo") -> None:
-        super().__init__(cfg, run, data)
-        vae = build_autoencoder_kl(cfg, data.channels)
+    def __init__(self, cfg: KLVAEConfig, ctx: BuildContext) -> None:
+        super().__init__(cfg, ctx)
+        vae = build_autoencoder_kl(cfg, ctx.info.channels)
         scale = cfg.scale_factor
         if scale is None and cfg.pretrained is not None:
             scale = float(vae.config.scaling_factor)  # a pretrained VAE brings its own
         self.autoencoder = KLAutoencoder(vae, scale)
-        if data.image_size % self.autoencoder.downsample:
-            raise ValueError(f"data.image_size={data.image_size} must be divisible by the downsampling "
+        if ctx.info.image_size % self.autoencoder.downsample:
+            raise ValueError(f"data.image_size={ctx.info.image_size} must be divisible by the downsampling "
                              f"{self.autoencoder.downsample} of model.pretrained={cfg.pretrained}")
 
     def autoencode(self, image: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:

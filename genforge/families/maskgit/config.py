@@ -2,45 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from genforge.config.base import StrictModel
+from genforge.core.codec import InputRun
+from genforge.core.config import DataConfig, FamilyConfig
+from genforge.data.loader import image_data
+from genforge.nn.codec import TokenInputConfig
 from genforge.text.config import TextEncoderConfig
 
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
-    from genforge.engine.task import Task
 
-
-class TokensConfig(StrictModel):
-    """Where the token ids come from: a trained discrete tokenizer (a vqgan or dvae run), or `colour`, the
-    parameter-free stand-in codec (each block's quantised mean colour) for tests."""
-
-    codec: Literal["tokenizer", "colour"] = "tokenizer"
-    tokenizer: str | None = Field(None, description="codec=tokenizer: run directory of a vqgan/dvae run (its latest "
-                                                    "checkpoint's EMA weights encode and decode)")
-    factor: int = Field(2, ge=1, le=16, description="codec=colour: pixels per token along each side")
-    levels: int = Field(4, ge=2, le=16, description="codec=colour: levels per RGB channel (levels³ codes)")
-
-    @model_validator(mode="after")
-    def _tokenizer_for_tokenizer_codec(self) -> "TokensConfig":
-        if self.codec == "tokenizer" and not self.tokenizer:
-            raise ValueError("model.tokens.tokenizer (a vqgan or dvae run directory) is required when "
-                             "model.tokens.codec is 'tokenizer'")
-        if self.codec == "colour" and self.tokenizer:
-            raise ValueError("model.tokens.tokenizer applies to model.tokens.codec=tokenizer")
-        return self
-
-
-class MaskGITConfig(StrictModel):
+class MaskGITConfig(FamilyConfig):
     """MUSE base transformer (Chang et al. 2023) trained with MaskGIT's masked-token objective (Chang et al. 2022)."""
 
     family: Literal["maskgit"] = "maskgit"
     default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
-    tokens: TokensConfig
+    tokens: TokenInputConfig
     codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
                                                                "size (default: taken from it)")
     seq_len: int | None = Field(None, gt=0, description="tokens per image; must equal the tokenizer's latent grid "
@@ -74,16 +52,17 @@ class MaskGITConfig(StrictModel):
             raise ValueError("model.num_classes applies to model.conditioning=class")
         return self
 
-    def check_run(self, run: "RunConfig") -> None:
-        """Cross-field checks against the data section (raise ValueError naming the fields)."""
+    def check_data(self, data: DataConfig) -> None:
         tokenizer = self.tokens.codec == "tokenizer"
-        if run.data.source == "cache" and not tokenizer:
+        if data.source == "cache" and not tokenizer:
             raise ValueError("data.source=cache needs model.tokens.codec=tokenizer and model.tokens.tokenizer set "
                              "to the tokenizer run that wrote the cache (it decodes the samples)")
         if not tokenizer:  # the stand-in's grid and vocabulary are known now; a tokenizer's once it is loaded
-            self.check_tokens(run.data.image_size, self.tokens.factor, self.tokens.levels**3,
+            self.check_tokens(data.image_size, self.tokens.factor, self.tokens.levels**3,
                               "model.tokens.factor", "model.tokens.levels")
-        if self.conditioning == "text" and not self.sample_prompts and source_of(run) not in ("shapes", "unknown"):
+        images = image_data(data)  # None: a cache whose manifest is not readable (yet)
+        on_shapes = images is None or images.source == "shapes"
+        if self.conditioning == "text" and not self.sample_prompts and not on_shapes:
             raise ValueError("model.sample_prompts: a text-conditioned model on data other than shapes needs prompts "
                              "for its preview grids and evaluation, e.g. --set 'model.sample_prompts=[\"a photo of "
                              "a dog\"]'")
@@ -102,23 +81,5 @@ class MaskGITConfig(StrictModel):
                              f"data.image_size={image_size} ({image_size // downsample}x{image_size // downsample} "
                              f"= {grid}); set it to {grid} or leave it out")
 
-    def input_runs(self) -> dict[str, str]:
-        """Run directories this model is built from, by config field."""
-        return {"model.tokens.tokenizer": self.tokens.tokenizer} if self.tokens.codec == "tokenizer" else {}
-
-    def build_task(self, run: "RunConfig", data: "DataInfo") -> "Task":
-        from genforge.families.maskgit.task import MaskGITTask
-
-        return MaskGITTask(self, run, data)
-
-
-def source_of(run: "RunConfig") -> str:
-    """The source of the images the run trains on (for a cache: the source it was encoded from, when readable)."""
-    if run.data.source != "cache":
-        return run.data.source
-    from genforge.data.cache import CacheError, read_manifest
-
-    try:
-        return read_manifest(run.data.path).preprocessing.source
-    except CacheError:
-        return "unknown"
+    def input_runs(self) -> dict[str, InputRun]:
+        return self.tokens.input_runs()

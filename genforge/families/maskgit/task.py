@@ -3,33 +3,32 @@ classes, with conditioning dropout for classifier-free guidance, and iterative p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from genforge.engine.task import Batch, Task
-from genforge.families.maskgit.config import MaskGITConfig
-from genforge.families.maskgit.masking import decode, guided_logits, hidden_count, training_mask
-from genforge.families.maskgit.model import MaskGIT
+from genforge.core.config import DataConfig
+from genforge.core.family import BuildContext
+from genforge.core.task import Batch, Task, class_conditions
+from genforge.data.loader import build_dataset, image_data
 from genforge.data.text_embeds import use_cached_text_embeds
-from genforge.nn.codec import ColourQuantizerCodec
-from genforge.text import attach_text_encoder, build_text_encoder
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
+from genforge.families.maskgit.config import MaskGITConfig
+from genforge.families.maskgit.model import MaskGIT
+from genforge.masking import decode, guided_logits, hidden_count, training_mask
+from genforge.text.encoders import attach_text_encoder, build_text_encoder
 
 
 class MaskGITTask(Task):
     """Trains `MaskGIT` to predict masked token ids (cross-entropy on the masked positions only) and samples by
     iterative decoding, then decodes the ids to pixels with the tokenizer."""
 
-    def __init__(self, cfg: MaskGITConfig, run: "RunConfig", data: "DataInfo") -> None:
+    def __init__(self, cfg: MaskGITConfig, ctx: BuildContext) -> None:
         super().__init__()
         self.cfg = cfg
-        self.token_codec, source = self._build_codec(cfg, run, data)  # frozen
+        data = ctx.info
+        self.token_codec, source = self._build_codec(cfg, ctx)  # frozen
         downsample, codebook_size = int(self.token_codec.downsample), int(self.token_codec.codebook_size)
         cfg.check_tokens(data.image_size, downsample, codebook_size, source, source)
         self.grid = data.image_size // downsample  # tokens per side
@@ -47,37 +46,27 @@ class MaskGITTask(Task):
         if encoder is not None:
             # trainable: a submodule of the model (optimised, averaged, checkpointed); frozen: outside the module tree
             attach_text_encoder(self.model, "text_encoder", encoder)
-            self.use_cached_text = use_cached_text_embeds(data, encoder, run.data.path)
-        self.prompt_data = self._shapes_data(run)  # where held-out prompts come from, when none are configured
+            self.use_cached_text = use_cached_text_embeds(data, encoder, ctx.data.path)
+        self.prompt_data = self._shapes_data(ctx.data)  # where held-out prompts come from, when none are configured
         if cfg.conditioning == "text" and not cfg.sample_prompts and data.kind != "tokens" and self.prompt_data is None:
             raise ValueError("model.sample_prompts: set prompts for the preview grids and evaluation")
 
     # ------------------------------------------------------------------------------------------ building
     @staticmethod
-    def _build_codec(cfg: MaskGITConfig, run: "RunConfig", data: "DataInfo") -> tuple[nn.Module, str]:
-        """The token codec of `model.tokens` and the config field it comes from (checked against a cache)."""
-        if cfg.tokens.codec == "colour":
-            return ColourQuantizerCodec(cfg.tokens.factor, cfg.tokens.levels), "model.tokens.factor/levels"
-        from genforge.engine.runs import load_input_codec
-
-        codec, _ = load_input_codec(cfg.tokens.tokenizer, "model.tokens.tokenizer", "tokens", "MaskGIT", data,
-                                    run.data.path)
+    def _build_codec(cfg: MaskGITConfig, ctx: BuildContext) -> tuple[nn.Module, str]:
+        """The token codec of `model.tokens` (the stand-in, or the tokenizer run's, loaded by the application) and
+        where its grid and vocabulary come from, for messages."""
+        if cfg.tokens.codec != "tokenizer":
+            return cfg.tokens.standin(), "model.tokens.factor/levels"
+        codec, _ = ctx.codecs["model.tokens.tokenizer"]
         return codec, f"the tokenizer {cfg.tokens.tokenizer}"
 
     @staticmethod
-    def _shapes_data(run: "RunConfig") -> dict[str, Any] | None:
-        """The data section of the shapes images the run trains on (directly or through a cache), else None."""
-        if run.data.source == "shapes":
-            return run.data.model_dump(mode="json")
-        if run.data.source == "cache":
-            from genforge.data.cache import CacheError, read_manifest
-
-            try:
-                pre = read_manifest(run.data.path).preprocessing
-            except CacheError:
-                return None  # sampling a finished run whose cache is gone: restored from the checkpoint
-            return pre.data if pre.source == "shapes" else None
-        return None
+    def _shapes_data(data: DataConfig) -> dict[str, Any] | None:
+        """The data section of the shapes images the run trains on (directly or through a cache), else None (also
+        when sampling a finished run whose cache is gone: then it is restored from the checkpoint)."""
+        images = image_data(data)
+        return images.model_dump(mode="json") if images is not None and images.source == "shapes" else None
 
     def ema_module(self) -> nn.Module:
         return self.model
@@ -145,11 +134,7 @@ class MaskGITTask(Task):
         or labels (--label, else every class in turn)."""
         device = generator.device
         if self.cfg.conditioning == "class":
-            label = opts.get("label")
-            if label is not None and not 0 <= label < self.num_classes:
-                raise ValueError(f"--label {label}: allowed 0..{self.num_classes - 1}")
-            labels = torch.full((n,), label) if label is not None else torch.arange(n) % self.num_classes
-            return Batch(label=labels.to(device))
+            return class_conditions(n, self.num_classes, opts.get("label"), device)
         if self.cfg.conditioning == "none":
             if opts.get("prompt") or opts.get("prompts") or opts.get("label") is not None:
                 raise ValueError("this model is unconditional (model.conditioning=none): no --prompt or --label")
@@ -171,9 +156,6 @@ class MaskGITTask(Task):
 
     def heldout_captions(self, n: int) -> tuple[list[str], Tensor]:
         """Captions and labels of the first `n` held-out shapes images (a seed the training set never uses)."""
-        from genforge.config.base import DataConfig
-        from genforge.data.loader import build_dataset
-
         dataset = build_dataset(DataConfig.model_validate(self.prompt_data), split="val", flip=False)
         samples = [dataset[i % len(dataset)] for i in range(n)]
         return [s["text"] for s in samples], torch.tensor([s["label"] for s in samples])
@@ -190,12 +172,11 @@ class MaskGITTask(Task):
         return settings
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
         """Iterative parallel decoding (MaskGIT §3.2) with classifier-free guidance: logits = u + s·(c − u), the
         unconditional branch u from the null context or the negative prompt; images in [-1, 1]."""
         s = self.sampler_settings(**opts)
         device = self.model.head.weight.device
-        n = next((len(v) for v in cond.values()), int(opts.get("n", 16)))
         keep = torch.zeros(n, dtype=torch.bool, device=device)
         context, context_mask = self.context(cond, keep)
         guided = s["cfg_scale"] > 1.0

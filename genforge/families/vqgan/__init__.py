@@ -1,1 +1,9 @@
-"""`vqgan`: the VQGAN tokenizer (Esser et al. 2021) as MUSE trains it; VQ (EMA or learnt, cosine), LFQ or FSQ."""
+"""vqgan: the VQGAN of taming-transformers / MUSE (VQ, LFQ or FSQ bottleneck, patch GAN), a TokenCodec for MaskGIT."""
+
+from pathlib import Path
+
+from genforge.core.family import register_family
+from genforge.families.vqgan.config import VQGANConfig
+from genforge.families.vqgan.task import VQGANTask
+
+register_family(VQGANConfig, VQGANTask, Path(__file__).parent / "presets")

@@ -7,17 +7,12 @@ et al. 2023)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from genforge.config.base import StrictModel
-from genforge.families.tokenizer.config import ConvStackConfig, GANConfig
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
-    from genforge.engine.task import Task
+from genforge.core.config import StrictModel
+from genforge.tokenizer_base.config import ConvStackConfig, GANConfig
 
 QuantizerKind = Literal["vq", "lfq", "fsq"]
 
@@ -105,14 +100,10 @@ class VQGANConfig(ConvStackConfig):
 
     family: Literal["vqgan"] = "vqgan"
     default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim", "codebook")
+    roles: ClassVar[tuple[str, ...]] = ("tokenizer", "discrete")
     block_out_channels: list[int] = Field([64, 128, 128], min_length=1, max_length=6,
                                           description="channels per level; downsampling 2**(levels - 1)")
     z_channels: int = Field(64, ge=1, le=1024, description="channels of the encoder's output and the decoder's "
                                                             "input (the quantizer works on these)")
     quantizer: QuantizerConfig = QuantizerConfig()
     gan: GANConfig | None = GANConfig()
-
-    def build_task(self, run: "RunConfig", data: "DataInfo") -> "Task":
-        from genforge.families.vqgan.task import VQGANTask
-
-        return VQGANTask(self, run, data)

@@ -29,7 +29,7 @@ from einops import rearrange
 from torch import Tensor, nn
 from vector_quantize_pytorch import FSQ, LFQ, VectorQuantize
 
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
 from genforge.families.vqgan.config import QuantizerConfig, VQGANConfig
 
 

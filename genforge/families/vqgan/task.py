@@ -1,30 +1,24 @@
 """vqgan as a Task: rec + perceptual + quantizer loss + adaptive patch-GAN (taming's VQLPIPSWithDiscriminator,
-MUSE's VQGanVAE), the discriminator as the second phase (genforge/families/tokenizer/task.py)."""
+MUSE's VQGanVAE), the discriminator as the second phase (genforge/tokenizer_base/task.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
 from torch import Tensor
 
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
+from genforge.core.family import BuildContext
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
-from genforge.families.tokenizer.task import TokenizerTask
+from genforge.tokenizer_base.task import TokenizerTask
 from genforge.families.vqgan.config import VQGANConfig
 from genforge.families.vqgan.model import VQAutoencoder
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
 
 
 class VQGANTask(TokenizerTask):
     """Trains a VQAutoencoder; its codec's token ids are what MaskGIT models."""
 
-    def __init__(self, cfg: VQGANConfig, run: "RunConfig", data: "DataInfo") -> None:
-        super().__init__(cfg, run, data)
-        self.autoencoder = VQAutoencoder(cfg, data.channels)
+    def __init__(self, cfg: VQGANConfig, ctx: BuildContext) -> None:
+        super().__init__(cfg, ctx)
+        self.autoencoder = VQAutoencoder(cfg, ctx.info.channels)
 
     def autoencode(self, image: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         ae = self.autoencoder

@@ -4,17 +4,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genforge.config import ConfigError, load_config
+from genforge.app.runs import build_task
+from genforge.app.config import ConfigError, load_config
 from genforge.data.loader import DataInfo, scan_data_info
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
 from genforge.families.dvae.task import gumbel_softmax, kl_to_uniform
-from genforge.nn.codec import TokenCodec
+from genforge.core.codec import TokenCodec
 
 
 def build(overrides=(), data=None):
     torch.manual_seed(0)
     cfg = load_config("dvae-debug", list(overrides))
-    return cfg, cfg.model.build_task(cfg, data or scan_data_info(cfg.data))
+    return cfg, build_task(cfg, data or scan_data_info(cfg.data))
 
 
 def images(n=4, size=16, channels=3):
@@ -146,7 +147,7 @@ def test_logs_and_preview_rows():
     task.eval()
     gen = torch.Generator().manual_seed(0)
     cond = task.sample_conditions(4, gen)
-    grid, nrow = task.preview(cond, task.sample(cond, gen))
+    grid, nrow = task.preview(cond, task.sample(cond, gen, 4))
     assert nrow == 4 and grid.shape == (12, 3, 16, 16)  # originals, hard, soft
     assert torch.equal(grid[4:8], task.reconstruct(cond["image"]).clamp(-1, 1))
 

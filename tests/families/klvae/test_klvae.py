@@ -4,17 +4,18 @@ import pytest
 import torch
 from diffusers import AutoencoderKL
 
-from genforge.config import ConfigError, load_config
+from genforge.app.runs import build_task
+from genforge.app.config import ConfigError, load_config
 from genforge.data.loader import scan_data_info
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
 from genforge.families.klvae.model import KLAutoencoder
-from genforge.nn.codec import LatentCodec
+from genforge.core.codec import LatentCodec
 
 
 def build(overrides=()):
     torch.manual_seed(0)
     cfg = load_config("klvae-debug", list(overrides))
-    return cfg, cfg.model.build_task(cfg, scan_data_info(cfg.data))
+    return cfg, build_task(cfg, scan_data_info(cfg.data))
 
 
 def test_codec_shapes_and_determinism():

@@ -7,12 +7,13 @@ from family_contract import FamilyContract
 from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
 from typer.testing import CliRunner
 
+from genforge.app.runs import build_task
 from genforge.cli import app
-from genforge.config import ConfigError, load_config
+from genforge.app.config import ConfigError, load_config
 from genforge.data.loader import build_dataset, collate, data_info
-from genforge.engine.random import BatchRandom
+from genforge.core.random import BatchRandom
 from genforge.families.maskgit import task as task_module
-from genforge.families.maskgit.masking import guided_logits
+from genforge.masking import guided_logits
 
 runner = CliRunner()
 
@@ -35,7 +36,7 @@ def _task_and_batch(*overrides, n=8):
     torch.manual_seed(0)
     cfg = load_config("maskgit-debug", list(overrides))
     dataset = build_dataset(cfg.data)
-    task = cfg.model.build_task(cfg, data_info(dataset, cfg.data))
+    task = build_task(cfg, data_info(dataset, cfg.data))
     batch = collate([dataset[i] for i in range(n)])
     batch.pop("skipped")
     return cfg, task, batch
@@ -58,7 +59,7 @@ def test_loss_is_cross_entropy_on_the_masked_positions_only():
     rng = BatchRandom(0, 3, 0, 8, 0, 8)
     ids = task.to_tokens(batch)
     r = rng.rand_global()
-    from genforge.families.maskgit.masking import training_mask
+    from genforge.masking import training_mask
 
     mask = training_mask(rng.rows(r), rng.rand(ids.shape[1]), "cosine")
     assert 0 < mask.sum() < mask.numel()
@@ -104,7 +105,7 @@ def test_sampling_guides_the_logits_with_the_unconditional_or_negative_branch(mo
     if negative:
         opts["negative_prompt"] = negative
     cond = task.sample_conditions(2, gen, **opts)
-    task.sample(cond, gen, **opts)
+    task.sample(cond, gen, 2, **opts)
     ids = torch.randint(0, 65, (2, 64))
     keep = torch.zeros(2, dtype=torch.bool)
     with torch.no_grad():

@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from genforge.config import ConfigError, load_config, to_yaml
-from genforge.engine.random import BatchRandom
-from genforge.engine.runs import build_task
-from genforge.families.tokenizer.config import GANConfig
+from genforge.app.config import ConfigError, load_config, to_yaml
+from genforge.core.random import BatchRandom
+from genforge.app.runs import build_task
+from genforge.tokenizer_base.config import GANConfig
 from genforge.families.vqgan.model import VQAutoencoder
-from genforge.nn.codec import TokenCodec
+from genforge.core.codec import TokenCodec
 
 KINDS = {
     "vq-ema": ("model.quantizer={kind: vq, codebook_size: 64}", 64),

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from genforge.config.base import StrictModel
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
+from genforge.core.config import DataConfig, FamilyConfig, StrictModel
 
 
 class PerceptualConfig(StrictModel):
@@ -38,36 +35,29 @@ class GANConfig(StrictModel):
     r1_every: int = Field(4, ge=1, description="lazy regularisation: the penalty every N steps, scaled by N")
 
 
-class TokenizerConfig(StrictModel):
+class TokenizerConfig(FamilyConfig):
     """Base of the tokenizer families' configs."""
 
     default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim")
+    roles: ClassVar[tuple[str, ...]] = ("tokenizer",)
     reconstruction_loss: Literal["l1", "mse", "smooth_l1"] = "l1"
     perceptual: PerceptualConfig = PerceptualConfig()
     gan: GANConfig | None = None
-
-    def input_runs(self) -> dict[str, str]:
-        """Run directories this model is built from (none: a tokenizer starts from images)."""
-        return {}
 
     def downsample(self) -> int:
         """Pixels per latent position along each side."""
         raise NotImplementedError
 
-    def check_run(self, run: "RunConfig") -> None:
-        """Cross-field checks against the data section (raise ValueError naming the fields)."""
-        if run.data.source == "cache":
+    def check_data(self, data: DataConfig) -> None:
+        if data.source == "cache":
             raise ValueError(f"model.family={self.family!r} is a tokenizer: it trains on images "
                              "(data.source shapes or folder), not on a cache")
-        if run.data.image_size % self.downsample():
-            raise ValueError(f"data.image_size={run.data.image_size} must be divisible by the tokenizer's "
+        if data.image_size % self.downsample():
+            raise ValueError(f"data.image_size={data.image_size} must be divisible by the tokenizer's "
                              f"downsampling factor {self.downsample()} (from the model's number of levels)")
-        if self.gan is not None and run.data.image_size < 4 * 2**self.gan.num_layers:
+        if self.gan is not None and data.image_size < 4 * 2**self.gan.num_layers:
             raise ValueError(f"model.gan.num_layers={self.gan.num_layers} needs data.image_size >= "
-                             f"{4 * 2**self.gan.num_layers}; got {run.data.image_size}")
-        if "judge" in (run.eval.metrics or ()):
-            raise ValueError(f"eval.metrics: 'judge' scores generators; tokenizer metrics are psnr, ssim, "
-                             "perceptual, codebook")
+                             f"{4 * 2**self.gan.num_layers}; got {data.image_size}")
 
 
 class ConvStackConfig(TokenizerConfig):
@@ -95,8 +85,8 @@ class ConvStackConfig(TokenizerConfig):
         return dict(block_out_channels=tuple(self.block_out_channels), layers_per_block=self.layers_per_block,
                     norm_num_groups=self.norm_num_groups, mid_block_add_attention=self.mid_block_attention)
 
-    def check_run(self, run: "RunConfig") -> None:
-        super().check_run(run)
+    def check_data(self, data: DataConfig) -> None:
+        super().check_data(data)
         bad = [c for c in self.block_out_channels if c % self.norm_num_groups]
         if bad:
             raise ValueError(f"model.block_out_channels {bad} must be divisible by model.norm_num_groups="

@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from genforge.nn.sampling import gumbel
+
 
 def mask_ratio(r: Tensor, schedule: str = "cosine") -> Tensor:
     """γ(r): the share of tokens masked at r ∈ [0, 1] (MaskGIT §3.3, eq. in "Masking design"): γ(0) = 1,
@@ -45,9 +47,8 @@ def guided_logits(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
 
 
 def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> Tensor:
-    """Standard Gumbel noise −log(−log u), u ~ U(0, 1)."""
-    u = torch.rand(shape, generator=generator, device=device).clamp_(1e-20, 1 - 1e-7)
-    return -torch.log(-torch.log(u))
+    """Standard Gumbel noise −log(−log u), u ~ U(0, 1) from `generator`."""
+    return gumbel(torch.rand(shape, generator=generator, device=device))
 
 
 def masked_count(step: int, steps: int, n: int, schedule: str = "cosine") -> int:

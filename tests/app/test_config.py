@@ -3,8 +3,8 @@ import yaml
 from typer.testing import CliRunner
 
 from genforge.cli import app
-from genforge.config import ConfigError, list_presets, load_config, parse_overrides, to_yaml
-from genforge.families import FAMILY_CONFIGS
+from genforge.app.config import ConfigError, list_presets, load_config, parse_overrides, to_yaml
+from genforge.core.registry import FAMILIES
 
 runner = CliRunner()
 
@@ -26,7 +26,7 @@ def test_dry_run_every_preset(preset):
     assert out.exit_code == 0, out.output
     assert "# parameters: " in out.stdout
     resolved = yaml.safe_load(out.stdout.split("# parameters")[0])
-    assert resolved["model"]["family"] in {cls.model_fields["family"].default for cls in FAMILY_CONFIGS}
+    assert resolved["model"]["family"] in FAMILIES
 
 
 def test_default_is_dit_shapes_32px():

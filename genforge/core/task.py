@@ -42,8 +42,9 @@ class Task(nn.Module):
         raise NotImplementedError
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
-        """Generate outputs for the conditions in `cond` (images in [-1, 1], [B, C, H, W])."""
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+        """Generate `n` outputs for the conditions in `cond` (each field holds n rows; images in [-1, 1],
+        [n, C, H, W])."""
         raise NotImplementedError
 
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
@@ -78,3 +79,15 @@ class Task(nn.Module):
     def forward(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Dispatches to `loss`, so that DDP/FSDP wrappers see a forward call."""
         return self.loss(batch, phase, step)
+
+
+def class_conditions(n: int, num_classes: int, label: int | None, device: torch.device | str) -> Batch:
+    """Labels of `n` class-conditional samples: `label` for all (--label; ValueError when out of range), else every
+    class in turn, one per grid cell."""
+    if label is not None:
+        if not 0 <= label < num_classes:
+            raise ValueError(f"--label {label}: allowed 0..{num_classes - 1}")
+        labels = torch.full((n,), label, dtype=torch.long)
+    else:
+        labels = torch.arange(n) % num_classes
+    return Batch(label=labels.to(device))

@@ -1,18 +1,33 @@
-"""Opening a finished (or running) run directory for sampling, evaluation and encoding."""
+"""Building a run's task, and opening a finished (or running) run directory for sampling, evaluation and encoding.
+
+The composition root: a config's family is looked up in the registry, the runs it is built from (a frozen
+tokenizer, `FamilyConfig.input_runs`) are loaded here and handed to the family's builder with the data section and
+what the data set says about itself.
+"""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from genforge.config import ConfigError, RunConfig, load_config
-from genforge.data.loader import DataInfo, scan_data_info
-from genforge.engine.checkpoint import CheckpointDir, load_tensors, read_json
-from genforge.engine.task import Task
+from genforge.app.config import RunConfig, load_config, to_yaml
+from genforge.core.codec import CODE_KINDS, CodecInfo, codec_kind
+from genforge.core.config import ConfigError
+from genforge.core.files import file_sha256
+from genforge.core.family import BuildContext
+from genforge.core.registry import FAMILIES
+from genforge.core.task import Task
+from genforge.data.base import DataInfo
+from genforge.data.cache import check_cache
+from genforge.data.loader import scan_data_info
+from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, load_tensors, read_json
+from genforge.engine.trainer import Trainer, TrainingRun
+
+# what a generator of each kind of codes should be built on, for messages
+TOKENIZERS_OF = {"latent": "a klvae run", "tokens": "a vqgan or dvae run"}
 
 
 @dataclass
@@ -23,11 +38,14 @@ class LoadedRun:
     checkpoint: Path
 
 
-def build_task(cfg: RunConfig, device: torch.device | str = "cpu") -> Task:
-    """The task of `cfg`, with the data set scanned only for what the model needs (its classes)."""
-    info = scan_data_info(cfg.data)
-    with torch.device(device):
-        return cfg.model.build_task(cfg, info)
+def build_task(cfg: RunConfig, info: DataInfo | None = None, device: torch.device | str | None = None) -> Task:
+    """The task of `cfg` on data described by `info` (default: scanned from `cfg.data`, only as far as the model
+    needs, e.g. its classes), with its input runs' codecs loaded; built on `device` (default: the current one)."""
+    info = info or scan_data_info(cfg.data)
+    with torch.device(device) if device is not None else torch.device(torch.get_default_device()):
+        codecs = {field: load_input_codec(run.path, field, run.kind, cfg.model.family, info, cfg.data.path)
+                  for field, run in cfg.model.input_runs().items()}
+        return FAMILIES.get(cfg.model.family).build(cfg.model, BuildContext(cfg.data, info, codecs))
 
 
 def missing_inputs(cfg: RunConfig) -> list[str]:
@@ -36,9 +54,9 @@ def missing_inputs(cfg: RunConfig) -> list[str]:
     missing = []
     if cfg.data.source == "cache" and not (Path(cfg.data.path) / "cache.json").is_file():
         missing.append(f"data.path={cfg.data.path} (written by `genforge encode`)")
-    for field, path in cfg.model.input_runs().items():
-        if not (Path(path) / "checkpoints" / "latest").is_file():
-            missing.append(f"{field}={path} (a trained run)")
+    for field, run in cfg.model.input_runs().items():
+        if not (Path(run.path) / "checkpoints" / "latest").is_file():
+            missing.append(f"{field}={run.path} (a trained run)")
     return missing
 
 
@@ -64,8 +82,7 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
     # a finished run is sampled, not trained: its data cache is neither needed nor re-checked (a generator
     # keeps the codec weights it trained with in its own checkpoint)
     info = replace(DataInfo(**state["data_info"]), encoder_hash=None)
-    with torch.device(device):
-        task = cfg.model.build_task(cfg, info)
+    task = build_task(cfg, info, device)
     if torch.device(device).type != "meta":
         task.load_state_dict(load_tensors(ckpt / "model.safetensors", str(device)))
         if ema:
@@ -78,41 +95,9 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
     return LoadedRun(cfg, task, int(state["step"]), ckpt)
 
 
-@dataclass(frozen=True)
-class CodecInfo:
-    """Which tokenizer checkpoint a codec comes from; `encoder_hash` identifies its weights."""
-
-    kind: str  # "latent" (LatentCodec: float [B, C, h, w]) or "tokens" (TokenCodec: long ids [B, h, w])
-    run_dir: str  # absolute path of the tokenizer's run directory
-    family: str
-    step: int
-    checkpoint: str  # the checkpoint folder the weights come from
-    encoder_hash: str  # sha256 of that checkpoint's ema.safetensors
-    channels: int  # latent channels (0 for tokens)
-    codebook_size: int  # (0 for latents)
-    downsample: int  # pixels per latent or token, along each side
-    image_size: int  # the tokenizer's training resolution (data.image_size)
-
-
-_HASHES: dict[tuple[str, int, int], str] = {}
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in chunks; remembered per (path, size, mtime) for the rest of the process."""
-    path = Path(path).resolve()
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _HASHES:
-        with open(path, "rb") as f:
-            _HASHES[key] = hashlib.file_digest(f, "sha256").hexdigest()
-    return _HASHES[key]
-
-
 def load_codec(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple[nn.Module, CodecInfo]:
     """The frozen codec of a tokenizer run (EMA weights of its latest checkpoint) and where it comes from.
     Raises ConfigError when `run_dir` is not a run, has no checkpoint, or is not a tokenizer."""
-    from genforge.nn.codec import LatentCodec, TokenCodec
-
     run_dir = Path(run_dir).resolve()
     run = load_run(run_dir, device)
     codec = run.task.codec()
@@ -120,39 +105,41 @@ def load_codec(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple
     if codec is None:
         raise ConfigError(f"{run_dir} is a {family!r} run, not a tokenizer (its task has no codec); "
                           "give the run directory of a klvae, vqgan or dvae run")
-    if isinstance(codec, TokenCodec):
-        kind, channels, codebook_size = "tokens", 0, int(codec.codebook_size)
-    elif isinstance(codec, LatentCodec):
-        kind, channels, codebook_size = "latent", int(codec.latent_channels), 0
-    else:
+    kind = codec_kind(codec)
+    if kind is None:
         raise ConfigError(f"{run_dir}: family {family!r} hands out a codec that is neither a LatentCodec nor a "
-                          "TokenCodec (genforge.nn.codec)")
+                          "TokenCodec (genforge.core.codec)")
     codec.eval().requires_grad_(False)
     info = CodecInfo(kind=kind, run_dir=str(run_dir), family=family, step=run.step, checkpoint=str(run.checkpoint),
-                     encoder_hash=file_sha256(run.checkpoint / "ema.safetensors"), channels=channels,
-                     codebook_size=codebook_size, downsample=int(codec.downsample),
-                     image_size=run.config.data.image_size)
+                     encoder_hash=file_sha256(run.checkpoint / "ema.safetensors"),
+                     channels=int(codec.latent_channels) if kind == "latent" else 0,
+                     codebook_size=int(codec.codebook_size) if kind == "tokens" else 0,
+                     downsample=int(codec.downsample), image_size=run.config.data.image_size)
     return codec, info
 
 
-KIND_NAMES = {"latent": "continuous latents", "tokens": "discrete tokens"}
-
-
-def load_input_codec(run_dir: str, field: str, kind: str, model: str, data: DataInfo,
+def load_input_codec(run_dir: str, field: str, kind: str, family: str, data: DataInfo,
                      cache_path: str | None) -> tuple[nn.Module, CodecInfo]:
-    """The frozen codec of the tokenizer run a generator (`model`, e.g. "DiT") is built on, from the config field
-    `field`: it must make `kind` ("latent" or "tokens"), and when the data is a cache, be the one that wrote it.
-    Errors name the field."""
-    from genforge.data.cache import check_cache
-    from genforge.engine.checkpoint import CheckpointReadError
-
+    """The frozen codec of the tokenizer run a generator of `family` is built on, from the config field `field`: it
+    must make `kind` ("latent" or "tokens"), and when the data is a cache, be the one that wrote it. Errors name
+    the field."""
     try:
         codec, info = load_codec(run_dir, device=torch.get_default_device())
     except (ConfigError, CheckpointReadError) as err:
         raise ConfigError(f"{field}: {err}") from None
     if info.kind != kind:
-        wanted = "a klvae run" if kind == "latent" else "a vqgan or dvae run"
-        raise ValueError(f"{field}={run_dir} is a {info.family!r} tokenizer of {KIND_NAMES[info.kind]}; {model} "
-                         f"models {KIND_NAMES[kind]} (use {wanted})")
+        raise ValueError(f"{field}={run_dir} is a {info.family!r} tokenizer of {CODE_KINDS[info.kind]}; "
+                         f"model.family={family} models {CODE_KINDS[kind]} (use {TOKENIZERS_OF[kind]})")
     check_cache(data, info, cache_path)
     return codec, info
+
+
+def training_run(cfg: RunConfig) -> TrainingRun:
+    """What the trainer gets of `cfg`: its sections, the task builder, and the resolved config to write."""
+    return TrainingRun(cfg.data, cfg.train, cfg.eval, cfg.log, build_task=lambda info: build_task(cfg, info),
+                       config_yaml=to_yaml(cfg), config_dict=cfg.model_dump(mode="json"))
+
+
+def make_trainer(cfg: RunConfig, run_dir: Path, fresh: bool = False) -> Trainer:
+    """The trainer of `cfg` into `run_dir` (resuming from its latest checkpoint; `fresh`: a new run directory)."""
+    return Trainer(training_run(cfg), run_dir, fresh)

@@ -9,20 +9,19 @@ its logs) and `last_layer` (the decoder weight λ is measured on).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from genforge.engine.random import BatchRandom
-from genforge.engine.task import Batch, Task
-from genforge.families.tokenizer.config import TokenizerConfig
+from genforge.core.random import BatchRandom
+from genforge.core.family import BuildContext
+from genforge.core.task import Batch, Task
+from genforge.data.loader import heldout_batches
+from genforge.eval.features import PerceptualLoss
 from genforge.nn.discriminator import PatchDiscriminator, adaptive_weight, hinge_discriminator_loss, r1_penalty
-
-if TYPE_CHECKING:
-    from genforge.config.run import RunConfig
-    from genforge.data.loader import DataInfo
+from genforge.tokenizer_base.config import TokenizerConfig
 
 RECONSTRUCTION_LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss, "smooth_l1": F.smooth_l1_loss}
 
@@ -32,20 +31,18 @@ class TokenizerTask(Task):
 
     autoencoder: nn.Module
 
-    def __init__(self, cfg: TokenizerConfig, run: "RunConfig", data: "DataInfo") -> None:
+    def __init__(self, cfg: TokenizerConfig, ctx: BuildContext) -> None:
         super().__init__()
         self.cfg = cfg
-        self.data_cfg = run.data
-        self.image_channels = data.channels
+        self.data_cfg = ctx.data
+        self.image_channels = ctx.info.channels
         self.perceptual = None
         if cfg.perceptual.weight > 0:
-            from genforge.eval.features import PerceptualLoss
-
             p = cfg.perceptual
             self.perceptual = PerceptualLoss(p.network, p.weights_path, p.resize)
         self.discriminator = None
         if cfg.gan is not None:
-            self.discriminator = PatchDiscriminator(data.channels, cfg.gan.channels, cfg.gan.num_layers)
+            self.discriminator = PatchDiscriminator(ctx.info.channels, cfg.gan.channels, cfg.gan.num_layers)
             self.phases = ("generator", "discriminator")
         self._fakes: dict[tuple[int, int], Tensor] = {}  # reconstructions of this step, for the discriminator
 
@@ -126,26 +123,31 @@ class TokenizerTask(Task):
     # ----------------------------------------------------------------------------------- previews
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
         """The first `n` held-out images (the same ones every time, so previews are comparable)."""
-        from genforge.eval.run import heldout_batches
-
         images = next(heldout_batches(self.data_cfg, n, n), None)
         if images is None:
             raise ValueError("no readable held-out images to reconstruct")
         return Batch(image=images.to(generator.device))
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
         """Reconstructions of `cond["image"]` through the codec, in [-1, 1]."""
         device = next(self.autoencoder.parameters()).device
         return self.reconstruct(cond["image"].to(device)).float().clamp(-1, 1)
 
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
         """Rows of 8 originals, each followed by a row of their reconstructions."""
-        original = cond["image"].to(images.device, images.dtype)
-        width = min(8, len(images))
-        rows = []
-        for start in range(0, len(images), width):
-            for row in (original[start:start + width], images[start:start + width]):
-                blank = row.new_ones(width - len(row), *row.shape[1:])  # white cells complete a short last row
-                rows += [row, blank]
-        return torch.cat(rows), width
+        return interleave_rows([cond["image"], images])
+
+
+def interleave_rows(groups: list[Tensor], width: int = 8) -> tuple[Tensor, int]:
+    """Aligned batches [B, C, H, W] (originals, reconstructions, ...) -> a grid of `width` columns in which each row
+    of the first is followed by the same row of every other; white cells complete a short last row."""
+    like = groups[-1]
+    groups = [g.to(like.device, like.dtype) for g in groups]
+    width = min(width, len(like))
+    rows = []
+    for start in range(0, len(like), width):
+        for group in groups:
+            row = group[start : start + width]
+            rows += [row, row.new_ones(width - len(row), *row.shape[1:])]
+    return torch.cat(rows), width

@@ -1,10 +1,19 @@
-"""Shared pydantic v2 sections of a run config: data, train, eval, log (extra keys are errors)."""
+"""The pydantic v2 sections of a run config that every layer may read: data, train, eval, log, and the base of a
+family's `model` section (extra keys are errors). The whole RunConfig, which names every registered family, is
+assembled above the families (genforge.app.config); nothing below the application layer sees it."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from genforge.core.codec import InputRun
+from genforge.core.errors import ConfigError
+from genforge.core.registry import DATA_SOURCES
+
+__all__ = ["ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "LogConfig", "ShapesConfig", "StrictModel",
+           "TrainConfig"]
 
 
 class StrictModel(BaseModel):
@@ -32,7 +41,8 @@ class ShapesConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where samples come from and how they are preprocessed."""
 
-    source: Literal["shapes", "folder", "shards", "cache"] = "shapes"
+    source: str = Field("shapes", description="a registered data source (genforge.data): shapes, folder, shards, "
+                                              "cache")
     path: str | None = Field(None, description="image folder (source=folder), webdataset shards: a path or URL "
                                                "with braces, e.g. data/train-{000000..000127}.tar, several "
                                                "joined by '::' (source=shards), or a folder written by "
@@ -49,14 +59,11 @@ class DataConfig(StrictModel):
     shapes: ShapesConfig = ShapesConfig()
 
     @model_validator(mode="after")
-    def _path_for_folder(self) -> "DataConfig":
-        if self.source in ("folder", "shards", "cache") and not self.path:
-            what = {"folder": "an image folder", "shards": "webdataset shards, e.g. data/train-{000000..000127}.tar",
-                    "cache": "a folder written by `genforge encode`"}[self.source]
-            raise ValueError(f"data.path ({what}) is required when data.source is {self.source!r}")
-        if self.source == "shards" and self.val_fraction > 0:
-            raise ValueError("data.val_fraction does not apply to data.source='shards' (held-out images are read "
-                             "from the training shards); set it to 0")
+    def _source_checks(self) -> "DataConfig":
+        """The checks of a registered source (genforge.data registers the built-in ones; an unknown name is
+        reported where the whole run config is validated, once every plug-in is loaded)."""
+        if self.source in DATA_SOURCES:
+            DATA_SOURCES.get(self.source).check(self)
         return self
 
 
@@ -105,30 +112,13 @@ class TrainConfig(StrictModel):
         return self
 
 
-MetricName = Literal["judge", "fid", "kid", "is", "prdc", "psnr", "ssim", "perceptual", "codebook"]
-
-# what each metric of `genforge eval` reports
-METRIC_RESULTS: dict[str, tuple[str, ...]] = {
-    "judge": ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy"),  # generators
-    "fid": ("fid",),  # generators, Inception-v3 pool3 features vs reference statistics (eval.ref)
-    "kid": ("kid_mean", "kid_std"),
-    "is": ("is_mean", "is_std"),  # needs eval.is_weights (the Inception logits layer)
-    "prdc": ("precision", "recall", "density", "coverage"),
-    "psnr": ("psnr",),  # tokenizers: reconstructions of held-out images
-    "ssim": ("ssim",),
-    "perceptual": ("perceptual",),
-    "codebook": ("codebook_usage", "codebook_perplexity", "codebook_dead"),  # discrete tokenizers only
-}
-TOKENIZER_METRICS = ("psnr", "ssim", "perceptual", "codebook")
-LOWER_IS_BETTER = ("fid", "kid_mean", "perceptual")  # train.keep_best on these needs keep_best_mode=min
-
-
 class EvalConfig(StrictModel):
     """Periodic evaluation during training (also the defaults of `genforge eval`)."""
 
     every: int = Field(0, ge=0, description="0: no evaluation during training")
-    metrics: list[MetricName] | None = Field(None, description="default: the family's (generators: judge; "
-                                                               "tokenizers: psnr, ssim, and codebook if discrete)")
+    metrics: list[str] | None = Field(None, description="registered metrics (genforge.eval); default: the family's "
+                                                         "(generators: judge; tokenizers: psnr, ssim, and codebook if "
+                                                         "discrete)")
     n: int = Field(256, gt=0)
     ref: str | None = Field(None, description="real images for fid/kid/prdc: an image folder, or a statistics file "
                                               "(.safetensors written by genforge, .npz with mu and sigma); "
@@ -145,3 +135,21 @@ class LogConfig(StrictModel):
     wandb: bool = False
     wandb_project: str = "genforge"
     progress: bool = True
+
+
+class FamilyConfig(StrictModel):
+    """Base of every family's `model` section. A family's subclass sets `family` to a Literal of its name (the tag
+    RunConfig's union discriminates on) and says which metrics apply to it through `roles`: a metric applies when
+    the roles it requires are among the family's (genforge.eval.metrics)."""
+
+    family: str
+    default_metrics: ClassVar[tuple[str, ...]] = ()
+    roles: ClassVar[tuple[str, ...]] = ("generator",)  # tokenizers: ("tokenizer",), discrete ones + "discrete"
+
+    def check_data(self, data: DataConfig) -> None:
+        """Cross-field checks against the data section (raise ValueError naming the fields)."""
+
+    def input_runs(self) -> dict[str, InputRun]:
+        """Earlier runs this model is built from (a frozen tokenizer), by config field; resolved by the application
+        layer and handed to the family's builder."""
+        return {}

@@ -1,0 +1,42 @@
+"""How a family plugs in: its spec (config class, task builder, presets folder), what its builder is handed
+(`BuildContext`), and `register_family`, which a family's package calls when it is imported."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from genforge.core.config import DataConfig, FamilyConfig
+from genforge.core.registry import FAMILIES
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a family's builder gets besides its config: the run's data section, what the data set says about
+    itself (a genforge.data.base.DataInfo), and the frozen codecs of its input runs by config field
+    (`FamilyConfig.input_runs`), each as (codec module, core.codec.CodecInfo)."""
+
+    data: DataConfig
+    info: Any
+    codecs: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A family: its config class (whose `family` Literal is the name), the builder of its Task, and the folder of
+    its presets (*.yaml, listed by `genforge presets`)."""
+
+    name: str
+    config: type[FamilyConfig]
+    build: Callable[[Any, BuildContext], Any]  # (its config, BuildContext) -> core.task.Task
+    presets: Path | None = None
+
+
+def register_family(config: type[FamilyConfig], build: Callable[[Any, BuildContext], Any],
+                    presets: Path | None = None) -> FamilySpec:
+    """Register a family under the name its config's `family` field defaults to."""
+    name = config.model_fields["family"].default
+    if not isinstance(name, str):
+        raise ValueError(f"{config.__name__}.family needs a default: the family's name")
+    return FAMILIES.register(name, FamilySpec(name, config, build, presets))

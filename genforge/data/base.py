@@ -1,0 +1,90 @@
+"""The data layer's leaf: what a data set tells a family (`DataInfo`), the interface a data source registers
+(`DataSource`), the collate every loader uses, and the errors of caches and streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from genforge.core.config import DataConfig
+from genforge.core.registry import DATA_SOURCES
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a family needs to know about its data to build its model."""
+
+    num_classes: int
+    channels: int  # of the tensor a sample holds: 3 for images, latent channels for a latent cache, 0 for tokens
+    image_size: int  # pixels (a cache: of the images it was encoded from)
+    kind: str = "image"  # "image", or a cache's "latent" / "tokens"
+    encoder_hash: str | None = None  # a cache's: sha256 of the tokenizer checkpoint that wrote it
+    text_encoder: str | None = None  # a cache's text embeddings: fingerprint of the text encoder that wrote them
+
+
+class CacheError(ValueError):
+    """A cache that cannot be written or read, or that does not fit the run; the message names the file."""
+
+
+class DataSource:
+    """A value of `data.source`: how its data set is built and described. A source module subclasses this and
+    registers an instance (`DATA_SOURCES.register(name, source)`); the loader only ever looks sources up."""
+
+    name: str
+    path_help: str | None = None  # what data.path names; data.path is required when set
+    resize: str = ""  # how images become data.image_size pixels (recorded in caches and reference statistics)
+
+    def check(self, cfg: DataConfig) -> None:
+        """Config checks of this source (ValueError naming the field)."""
+        if self.path_help is not None and not cfg.path:
+            raise ValueError(f"data.path ({self.path_help}) is required when data.source is {self.name!r}")
+
+    def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> Dataset:
+        """The data set of `split` ("train" or "val"); FileNotFoundError/ValueError for a bad path."""
+        raise NotImplementedError
+
+    def heldout_split(self, cfg: DataConfig) -> str:
+        """The split tokenizers are scored on and previews are drawn from: "val" when there is one, else "train"."""
+        return "val" if cfg.val_fraction > 0 else "train"
+
+    def info(self, dataset: Dataset, cfg: DataConfig) -> DataInfo:
+        """What the model needs to know about `dataset` (built from `cfg`)."""
+        return DataInfo(num_classes=int(getattr(dataset, "num_classes", 0)), channels=3, image_size=cfg.image_size)
+
+    def scan_info(self, cfg: DataConfig) -> DataInfo:
+        """`info` without loading samples where the source can (a cache reads its manifest)."""
+        return self.info(self.build(cfg, "train", cfg.flip, None), cfg)
+
+    def identity(self, cfg: DataConfig) -> dict[str, Any]:
+        """What identifies the data beyond the config (an absolute path, a listing of files), for cache keys."""
+        return {}
+
+    def image_data(self, cfg: DataConfig) -> DataConfig | None:
+        """The data section of the images behind `cfg`: itself, or for a cache the section it was encoded from
+        (None when that cannot be read)."""
+        return cfg
+
+
+def source_of(cfg: DataConfig) -> DataSource:
+    """The registered source of `data.source` (ConfigError naming the allowed ones)."""
+    return DATA_SOURCES.get(cfg.source, "data.source")
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack sample dicts into a Batch; the unreadable samples they replaced go to `batch["skipped"]`."""
+    batch: dict[str, Any] = {"skipped": [s for sample in samples for s in sample.get("skipped", ())]}
+    for field in samples[0]:
+        if field == "skipped":
+            continue
+        values = [s[field] for s in samples]
+        if isinstance(values[0], torch.Tensor):
+            batch[field] = torch.stack(values)
+        elif isinstance(values[0], (int, np.integer)):
+            batch[field] = torch.tensor(values, dtype=torch.long)
+        else:
+            batch[field] = values
+    return batch

@@ -1,0 +1,326 @@
+"""The metrics of `genforge eval` and in-training evaluation, each registered by name (genforge.core.registry).
+
+A metric says what it reports (`results`), which models it applies to (`requires`: roles a family declares in
+its config and a task shows at run time: "generator"; "tokenizer", plus "discrete" for TokenCodecs) and how it
+scores:
+- `SampleMetric` (generators): per-sample rows from a `FeatureExtractor` (shared by the metrics that use the same
+  one), gathered over processes in sample order, scored on rank 0 against the sampling conditions;
+- `ReconstructionMetric` (tokenizers): accumulated over batches of held-out images and their reconstructions.
+A new metric is a subclass instance registered here or in any module imported before evaluation.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import genforge.eval.distribution_metrics as dm
+from genforge.core.codec import TokenCodec, codec_kind
+from genforge.core.config import DataConfig, EvalConfig
+from genforge.core.registry import METRICS
+from genforge.core.task import Batch, Task
+from genforge.data.loader import image_data
+from genforge.eval.features import InceptionFeatures, InceptionLogits, PerceptualLoss
+from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
+from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats
+from genforge.eval.tokenizer_metrics import CodebookUsage, psnr, ssim
+
+ROLE_NAMES = {("generator",): "generator", ("tokenizer",): "continuous tokenizer",
+              ("discrete", "tokenizer"): "discrete tokenizer"}
+
+
+def task_roles(task: Task) -> tuple[str, ...]:
+    """The roles of a task at run time: a generator, or a tokenizer (discrete when its codec is a TokenCodec)."""
+    codec = task.codec()
+    if codec is None:
+        return ("generator",)
+    return ("tokenizer", "discrete") if codec_kind(codec) == "tokens" else ("tokenizer",)
+
+
+@dataclass
+class EvalContext:
+    """What every metric of one evaluation sees: the run's data and eval sections, the sample count, the device."""
+
+    data: DataConfig
+    eval: EvalConfig
+    n: int
+    device: torch.device | str
+    batch_size: int = 64
+    cond: Batch = field(default_factory=dict)  # generators: the conditions of all n samples
+    _reference: Reference | None = None
+    _reference_done: bool = False
+
+    def reference(self) -> Reference | None:
+        """Real-image statistics for fid/kid/prdc, computed (or read from the cache) once; every rank calls it."""
+        if not self._reference_done:
+            source = reference_source(self.data, self.eval.ref)
+            self._reference = reference_stats(feature_network(str(self.device)), source, self.eval.ref_n or self.n,
+                                              self.device, self.batch_size)
+            self._reference_done = True
+        return self._reference
+
+
+class Metric:
+    """A registered metric."""
+
+    name: str
+    results: tuple[str, ...]  # what it reports
+    requires: tuple[str, ...]  # roles the model must have
+    needs: str  # the requirement in words, for errors
+    lower_is_better: tuple[str, ...] = ()  # results where smaller is better (train.keep_best_mode=min)
+
+    def applies_to(self, roles: tuple[str, ...]) -> bool:
+        return set(self.requires) <= set(roles)
+
+
+# -------------------------------------------------------------------------------------------- generators
+class FeatureExtractor:
+    """Per-sample rows of generated images, shared by the metrics that name the same extractor."""
+
+    def setup(self, ctx: EvalContext) -> None:
+        """Before sampling, on every rank: build what is needed, fail early."""
+
+    def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
+        """Rows [b, ...] (CPU) of images [b, 3, H, W] in [-1, 1] with their conditions."""
+        raise NotImplementedError
+
+    def empty(self) -> Tensor:
+        """No rows (a rank without samples)."""
+        raise NotImplementedError
+
+    def report(self, ctx: EvalContext) -> dict[str, Any]:
+        """What the results should say about the extractor."""
+        return {}
+
+
+@functools.lru_cache(maxsize=1)
+def feature_network(device: str) -> InceptionFeatures:
+    """The FID Inception-v3 (local weights) for fid/kid/is/prdc, built once per process."""
+    return InceptionFeatures().to(device)
+
+
+class InceptionPool(FeatureExtractor):
+    """Inception-v3 pool3 features [b, 2048] of the uint8-quantised images."""
+
+    def setup(self, ctx: EvalContext) -> None:
+        feature_network(str(ctx.device))
+
+    def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
+        return pool_features(feature_network(str(ctx.device)), images, ctx.device, ctx.batch_size)
+
+    def empty(self) -> Tensor:
+        return torch.zeros(0, InceptionFeatures.dim)
+
+    def report(self, ctx: EvalContext) -> dict[str, Any]:
+        return {"features": feature_network(str(ctx.device)).fingerprint()["network"]}
+
+
+class JudgePredictions(FeatureExtractor):
+    """The shapes judge's predicted class [b] of each image."""
+
+    def setup(self, ctx: EvalContext) -> None:
+        images = image_data(ctx.data)
+        if images is None or images.source != "shapes":
+            raise ValueError("metric 'judge' needs a model trained on data.source=shapes (or on a cache encoded "
+                             "from shapes)")
+        if "label" not in ctx.cond:
+            raise ValueError("metric 'judge' needs a class-conditional model")
+        load_or_train_judge()
+
+    def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
+        return judge_predictions(load_or_train_judge(), images)
+
+    def empty(self) -> Tensor:
+        return torch.zeros(0, dtype=torch.long)
+
+
+INCEPTION, JUDGE = InceptionPool(), JudgePredictions()
+
+
+class SampleMetric(Metric):
+    """A generator metric on the rows of `extractor` for all n samples."""
+
+    requires = ("generator",)
+    needs = "a generator"
+    extractor: FeatureExtractor
+    min_samples = 1
+
+    def setup(self, ctx: EvalContext) -> None:
+        """Before sampling, on every rank (collectives allowed): fail early, compute what all ranks share."""
+
+    def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
+        """Results from the rows of all samples, in sample order (rank 0)."""
+        raise NotImplementedError
+
+
+class Judge(SampleMetric):
+    name, results, extractor = "judge", ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy"), JUDGE
+
+    def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
+        return prediction_report(rows, ctx.cond["label"].cpu())
+
+
+_NO_FEATURES = ("metric {!r} needs reference features; {} holds only mu and sigma (use an image folder or a "
+                ".safetensors statistics file)")
+
+
+class AgainstReference(SampleMetric):
+    """Inception features of the samples against those of real images (eval.ref, default the held-out data)."""
+
+    extractor = INCEPTION
+    min_samples = 2
+    needs_features = False  # KID and PRDC compare feature sets; FID only Gaussians (an .npz suffices)
+
+    def setup(self, ctx: EvalContext) -> None:
+        source = reference_source(ctx.data, ctx.eval.ref)
+        npz = isinstance(source, Path) and source.suffix == ".npz"  # known on every rank, unlike the file's content
+        if self.needs_features and npz:
+            raise ValueError(_NO_FEATURES.format(self.name, source))
+        reference = ctx.reference()
+        if self.needs_features and reference is not None and reference.features is None:
+            raise ValueError(_NO_FEATURES.format(self.name, source))
+
+    def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
+        reference = ctx.reference()
+        return {"ref": str(reference.path), "ref_n": reference.n, **self.compare(reference, rows)}
+
+    def compare(self, reference: Reference, features: Tensor) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class FID(AgainstReference):
+    name, results, lower_is_better = "fid", ("fid",), ("fid",)
+
+    def compare(self, reference: Reference, features: Tensor) -> dict[str, Any]:
+        return {"fid": dm.frechet_distance(reference.mu, reference.sigma, *dm.gaussian_stats(features))}
+
+
+class KID(AgainstReference):
+    name, results, lower_is_better, needs_features = "kid", ("kid_mean", "kid_std"), ("kid_mean",), True
+
+    def compare(self, reference: Reference, features: Tensor) -> dict[str, Any]:
+        mean, std = dm.kid(reference.features, features)
+        return {"kid_mean": mean, "kid_std": std}
+
+
+class PRDC(AgainstReference):
+    name, results, needs_features = "prdc", ("precision", "recall", "density", "coverage"), True
+    min_samples = dm.PRDC_K + 1
+
+    def compare(self, reference: Reference, features: Tensor) -> dict[str, Any]:
+        return dm.prdc(reference.features, features)
+
+
+class InceptionScore(SampleMetric):
+    """Needs eval.is_weights (the Inception logits layer, which the FID network lacks)."""
+
+    name, results, extractor, min_samples = "is", ("is_mean", "is_std"), INCEPTION, dm.IS_SPLITS
+
+    def setup(self, ctx: EvalContext) -> None:
+        inception_logits(ctx.eval.is_weights)  # before sampling: fail early
+
+    def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
+        mean, std = dm.inception_score(inception_logits(ctx.eval.is_weights)(rows))
+        return {"is_mean": mean, "is_std": std}
+
+
+@functools.lru_cache(maxsize=2)
+def inception_logits(path: str | None) -> InceptionLogits:
+    return InceptionLogits(path)
+
+
+# -------------------------------------------------------------------------------------------- tokenizers
+class ReconstructionMetric(Metric):
+    """A tokenizer metric over held-out images x, their codes and reconstructions x̂ (clamped to [-1, 1])."""
+
+    requires = ("tokenizer",)
+    needs = "a tokenizer"
+
+    def start(self, codec: nn.Module, ctx: EvalContext) -> Any:
+        """A fresh accumulator."""
+        return {"sum": 0.0, "count": 0}
+
+    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor) -> None:
+        state["sum"] += float(self.per_image(recon, images).sum())
+        state["count"] += len(images)
+
+    def compute(self, state: Any) -> dict[str, Any]:
+        return {self.name: state["sum"] / state["count"]}
+
+    def per_image(self, recon: Tensor, images: Tensor) -> Tensor:
+        """Scores [B] (the default accumulator reports their mean)."""
+        raise NotImplementedError
+
+
+class PSNR(ReconstructionMetric):
+    name, results = "psnr", ("psnr",)
+
+    def per_image(self, recon: Tensor, images: Tensor) -> Tensor:
+        return psnr(recon, images)
+
+
+class SSIM(ReconstructionMetric):
+    name, results = "ssim", ("ssim",)
+
+    def per_image(self, recon: Tensor, images: Tensor) -> Tensor:
+        return ssim(recon, images)
+
+
+@functools.lru_cache(maxsize=1)
+def perceptual_metric(device: str) -> nn.Module:
+    """The default PerceptualLoss (FID Inception, local weights), built once per process."""
+    return PerceptualLoss().to(device)
+
+
+class Perceptual(ReconstructionMetric):
+    name, results, lower_is_better = "perceptual", ("perceptual",), ("perceptual",)
+
+    def start(self, codec: nn.Module, ctx: EvalContext) -> Any:
+        return {"sum": 0.0, "count": 0, "net": perceptual_metric(str(ctx.device))}
+
+    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor) -> None:
+        state["sum"] += float(state["net"](recon, images).sum())
+        state["count"] += len(images)
+
+
+class Codebook(ReconstructionMetric):
+    """Usage, perplexity and dead codes over every id of the held-out images, and their histogram."""
+
+    name, results = "codebook", ("codebook_usage", "codebook_perplexity", "codebook_dead")
+    requires, needs = ("tokenizer", "discrete"), "a discrete tokenizer (TokenCodec: dvae, vqgan)"
+
+    def start(self, codec: nn.Module, ctx: EvalContext) -> Any:
+        if not isinstance(codec, TokenCodec):
+            raise ValueError(f"metric 'codebook' needs {self.needs}; this codec has continuous latents")
+        return CodebookUsage(codec.codebook_size)
+
+    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor) -> None:
+        state.update(codes)
+
+    def compute(self, state: Any) -> dict[str, Any]:
+        return {**state.compute(), "codebook_histogram": state.counts.tolist()}  # uses of each id, for TensorBoard
+
+
+for _metric in (Judge(), FID(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook()):
+    METRICS.register(_metric.name, _metric)
+
+
+def check_metrics(names: list[str], roles: tuple[str, ...]) -> list[Metric]:
+    """The registered metrics of `names`, each applicable to a model of `roles` (ValueError naming the first that
+    is unknown or does not apply, with the ones that do)."""
+    unknown = [m for m in names if m not in METRICS]
+    allowed = [name for name, metric in METRICS.items() if metric.applies_to(roles)]
+    if unknown:
+        raise ValueError(f"unknown metric {unknown[0]!r}; allowed: {', '.join(METRICS)}")
+    for name in names:
+        metric = METRICS.get(name)
+        if not metric.applies_to(roles):
+            what = ROLE_NAMES.get(tuple(sorted(roles)), "/".join(roles))
+            raise ValueError(f"metric {name!r} needs {metric.needs}; this model is a {what}, whose metrics are "
+                             f"{', '.join(allowed)}")
+    return [METRICS.get(name) for name in names]
