@@ -61,9 +61,9 @@ def test_train_sample_eval_end_to_end(tmp_path, monkeypatch):
     assert result["sampler"]["steps"] == 2
 
     from eval.eval_standins import TinyFeatures
-    from genforge.eval import run as run_module
+    from genforge.eval import metrics as metrics_module
 
-    monkeypatch.setattr(run_module, "feature_network", lambda device: TinyFeatures())
+    monkeypatch.setattr(metrics_module, "feature_network", lambda device: TinyFeatures())
     out = runner.invoke(app, ["eval", str(run), "--metrics", "fid,kid,judge", "--n", "8", "--steps", "2"])
     assert out.exit_code == 0, out.output
     assert "reference statistics: computed" in out.stderr and "fid:" in out.stdout
