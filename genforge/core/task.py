@@ -91,3 +91,14 @@ def class_conditions(n: int, num_classes: int, label: int | None, device: torch.
     else:
         labels = torch.arange(n) % num_classes
     return Batch(label=labels.to(device))
+
+
+def class_count(conditioning: str, configured: int | None, data_classes: int, others: str) -> int:
+    """Classes of a model: 0 unless `conditioning` is "class", then model.num_classes or the data set's
+    (ValueError when neither says; `others` names the other model.conditioning values)."""
+    if conditioning != "class":
+        return 0
+    if not (configured or data_classes):
+        raise ValueError(f"model.conditioning='class' needs labelled data (data set has no classes); set "
+                         f"model.conditioning={others} or model.num_classes")
+    return configured or data_classes

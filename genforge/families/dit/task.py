@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from genforge.core.family import BuildContext
-from genforge.core.task import Batch, Task, class_conditions
+from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.diffusion import classifier_free_guidance
 from genforge.families.dit.config import DiTConfig
 from genforge.families.dit.model import DiT
@@ -24,12 +24,7 @@ class DiTTask(Task):
         self.latent_codec = self._build_codec(cfg, ctx)  # frozen; None: DiT models pixels
         self.channels = self.latent_codec.latent_channels if self.latent_codec else data.channels
         self.input_size = data.image_size // (self.latent_codec.downsample if self.latent_codec else 1)
-        self.num_classes = 0
-        if cfg.conditioning == "class":
-            self.num_classes = cfg.num_classes or data.num_classes
-            if not self.num_classes:
-                raise ValueError("model.conditioning='class' needs labelled data (data set has no classes); "
-                                 "set model.conditioning=none or model.num_classes")
+        self.num_classes = class_count(cfg.conditioning, cfg.num_classes, data.num_classes, "none")
         self.model = DiT(
             input_size=self.input_size,
             in_channels=self.channels,

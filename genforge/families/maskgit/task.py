@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from genforge.core.config import DataConfig
 from genforge.core.family import BuildContext
-from genforge.core.task import Batch, Task, class_conditions
+from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.data.loader import build_dataset, image_data
 from genforge.data.text_embeds import use_cached_text_embeds
 from genforge.families.maskgit.config import MaskGITConfig
@@ -32,12 +32,7 @@ class MaskGITTask(Task):
         downsample, codebook_size = int(self.token_codec.downsample), int(self.token_codec.codebook_size)
         cfg.check_tokens(data.image_size, downsample, codebook_size, source, source)
         self.grid = data.image_size // downsample  # tokens per side
-        self.num_classes = 0
-        if cfg.conditioning == "class":
-            self.num_classes = cfg.num_classes or data.num_classes
-            if not self.num_classes:
-                raise ValueError("model.conditioning='class' needs labelled data (data set has no classes); "
-                                 "set model.conditioning=text or none, or model.num_classes")
+        self.num_classes = class_count(cfg.conditioning, cfg.num_classes, data.num_classes, "text or none")
         encoder = build_text_encoder(cfg.text) if cfg.conditioning == "text" else None
         self.model = MaskGIT(codebook_size, self.grid**2, cfg.width, cfg.depth, cfg.num_heads, cfg.mlp_ratio,
                              cfg.dropout, text_dim=encoder.dim if encoder is not None else 0,
