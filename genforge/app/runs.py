@@ -45,7 +45,7 @@ def build_task(cfg: RunConfig, info: DataInfo | None = None, device: torch.devic
     with torch.device(device) if device is not None else torch.device(torch.get_default_device()):
         codecs = {field: load_input_codec(run.path, field, run.kind, cfg.model.family, info, cfg.data.path)
                   for field, run in cfg.model.input_runs().items()}
-        return FAMILIES.get(cfg.model.family).build(cfg.model, BuildContext(cfg.data, info, codecs))
+        return FAMILIES.get(cfg.model.family).builder()(cfg.model, BuildContext(cfg.data, info, codecs))
 
 
 def missing_inputs(cfg: RunConfig) -> list[str]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,15 +26,24 @@ class BuildContext:
 @dataclass(frozen=True)
 class FamilySpec:
     """A family: its config class (whose `family` Literal is the name), the builder of its Task, and the folder of
-    its presets (*.yaml, listed by `genforge presets`)."""
+    its presets (*.yaml, listed by `genforge presets`). The builder may be named "package.module:attribute", so
+    that validating a config or listing presets does not import the family's model code and its heavy
+    dependencies (diffusers, vector-quantize-pytorch) until a task is built."""
 
     name: str
     config: type[FamilyConfig]
-    build: Callable[[Any, BuildContext], Any]  # (its config, BuildContext) -> core.task.Task
+    build: Callable[[Any, BuildContext], Any] | str  # (its config, BuildContext) -> core.task.Task
     presets: Path | None = None
 
+    def builder(self) -> Callable[[Any, BuildContext], Any]:
+        """The builder, imported on first use when it is named by a string."""
+        if not isinstance(self.build, str):
+            return self.build
+        module, _, attribute = self.build.partition(":")
+        return getattr(importlib.import_module(module), attribute)
 
-def register_family(config: type[FamilyConfig], build: Callable[[Any, BuildContext], Any],
+
+def register_family(config: type[FamilyConfig], build: Callable[[Any, BuildContext], Any] | str,
                     presets: Path | None = None) -> FamilySpec:
     """Register a family under the name its config's `family` field defaults to."""
     name = config.model_fields["family"].default

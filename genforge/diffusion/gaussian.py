@@ -123,12 +123,6 @@ class GaussianDiffusion:
         return model(x, t, **(model_kwargs or {}))
 
     # ---------------------------------------------------------------------------- forward process
-    def q_mean_variance(self, x_start: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q(x_t | x_0) = N(√ᾱ_t·x_0, (1 − ᾱ_t)·I) (DDPM eq. 4): mean, variance, log-variance."""
-        mean = self._coef("sqrt_alphas_cumprod", t, x_start) * x_start
-        variance = (1.0 - self._coef("alphas_cumprod", t, x_start)).expand_as(x_start)
-        return mean, variance, torch.log(variance)
-
     def q_sample(self, x_start: Tensor, t: Tensor, noise: Tensor) -> Tensor:
         """x_t = √ᾱ_t·x_0 + √(1 − ᾱ_t)·ε, a draw from q(x_t | x_0) (DDPM eq. 4)."""
         return (self._coef("sqrt_alphas_cumprod", t, x_start) * x_start
@@ -173,10 +167,9 @@ class GaussianDiffusion:
         return (out[:, :c], out[:, c:]) if self.var_type == VarType.LEARNED_RANGE else (out, None)
 
     def p_mean_variance(self, model: Model, x: Tensor, t: Tensor, model_kwargs: dict[str, Any] | None = None,
-                        clip_denoised: bool = True, denoised_fn: Callable[[Tensor], Tensor] | None = None,
-                        model_output: Tensor | None = None) -> dict[str, Tensor]:
+                        clip_denoised: bool = True, model_output: Tensor | None = None) -> dict[str, Tensor]:
         """p_θ(x_{t−1} | x_t) = N(μ̃_t(x̂_0, x_t), Σ_θ) (DDPM eq. 1, IDDPM eq. 15): dict of mean, variance,
-        log_variance, pred_xstart (x̂_0 after denoised_fn and clipping to [-1, 1]) and eps (ε implied by x̂_0).
+        log_variance, pred_xstart (x̂_0, clipped to [-1, 1] with clip_denoised) and eps (ε implied by x̂_0).
         Pass `model_output` to reuse an output already computed for (x, t)."""
         out = self._run_model(model, x, t, model_kwargs) if model_output is None else model_output
         mean_out, var_out = self._split_output(out, x)
@@ -198,8 +191,6 @@ class GaussianDiffusion:
             pred_xstart = mean_out
         else:
             pred_xstart = self.predict_xstart_from_v(x, t, mean_out)
-        if denoised_fn is not None:
-            pred_xstart = denoised_fn(pred_xstart)
         if clip_denoised:
             pred_xstart = pred_xstart.clamp(-1, 1)
         mean, _, _ = self.q_posterior_mean_variance(pred_xstart, x, t)

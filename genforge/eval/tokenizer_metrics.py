@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
 DATA_RANGE = 2.0  # images live in [-1, 1]
 
 
 def psnr(x: Tensor, y: Tensor) -> Tensor:
     """Per-image PSNR [B] in dB of images in [-1, 1]: 10·log10(2² / MSE); inf for identical images."""
+    from torchmetrics.functional.image import peak_signal_noise_ratio  # deferred: torchmetrics takes ~1 s to import
+
     return peak_signal_noise_ratio(x.float(), y.float(), data_range=DATA_RANGE, reduction="none", dim=(1, 2, 3))
 
 
 def ssim(x: Tensor, y: Tensor) -> Tensor:
     """Per-image SSIM [B] of images in [-1, 1] (11x11 Gaussian window, sigma 1.5); 1 for identical images."""
+    from torchmetrics.functional.image import structural_similarity_index_measure  # deferred: ~1 s to import
+
     return structural_similarity_index_measure(x.float(), y.float(), data_range=DATA_RANGE, reduction="none")
 
 

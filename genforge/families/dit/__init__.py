@@ -4,6 +4,5 @@ from pathlib import Path
 
 from genforge.core.family import register_family
 from genforge.families.dit.config import DiTConfig
-from genforge.families.dit.task import DiTTask
 
-register_family(DiTConfig, DiTTask, Path(__file__).parent / "presets")
+register_family(DiTConfig, "genforge.families.dit.task:DiTTask", Path(__file__).parent / "presets")

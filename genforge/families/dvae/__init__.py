@@ -4,6 +4,5 @@ from pathlib import Path
 
 from genforge.core.family import register_family
 from genforge.families.dvae.config import DVAEConfig
-from genforge.families.dvae.task import DVAETask
 
-register_family(DVAEConfig, DVAETask, Path(__file__).parent / "presets")
+register_family(DVAEConfig, "genforge.families.dvae.task:DVAETask", Path(__file__).parent / "presets")

@@ -4,6 +4,5 @@ from pathlib import Path
 
 from genforge.core.family import register_family
 from genforge.families.klvae.config import KLVAEConfig
-from genforge.families.klvae.task import KLVAETask
 
-register_family(KLVAEConfig, KLVAETask, Path(__file__).parent / "presets")
+register_family(KLVAEConfig, "genforge.families.klvae.task:KLVAETask", Path(__file__).parent / "presets")

@@ -4,6 +4,5 @@ from pathlib import Path
 
 from genforge.core.family import register_family
 from genforge.families.maskgit.config import MaskGITConfig
-from genforge.families.maskgit.task import MaskGITTask
 
-register_family(MaskGITConfig, MaskGITTask, Path(__file__).parent / "presets")
+register_family(MaskGITConfig, "genforge.families.maskgit.task:MaskGITTask", Path(__file__).parent / "presets")

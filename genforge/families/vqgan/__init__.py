@@ -4,6 +4,5 @@ from pathlib import Path
 
 from genforge.core.family import register_family
 from genforge.families.vqgan.config import VQGANConfig
-from genforge.families.vqgan.task import VQGANTask
 
-register_family(VQGANConfig, VQGANTask, Path(__file__).parent / "presets")
+register_family(VQGANConfig, "genforge.families.vqgan.task:VQGANTask", Path(__file__).parent / "presets")
