@@ -99,6 +99,9 @@ class TrainConfig(StrictModel):
                             "that led to the failure")
     max_rollbacks: int = Field(3, ge=0, description="rollbacks allowed before the run stops")
     dist_timeout_s: int = Field(600, ge=10, description="collective timeout: a dead or hung rank ends the run")
+    check_consistency: bool = Field(True, description="after each checkpoint, check that every rank holds the same "
+                                                      "weights, buffers and EMA (a hash per tensor; several "
+                                                      "processes only)")
 
     @model_validator(mode="after")
     def _batch_divisible(self) -> "TrainConfig":

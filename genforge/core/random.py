@@ -57,6 +57,19 @@ class BatchRandom:
         gen = self._generator()
         return torch.rand(self.global_size, *shape, generator=gen, device=self.device, dtype=dtype)
 
+    def rand_rows(self, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Uniform [0, 1) of shape [size, *shape], row r drawn from its own generator seeded by (seed, step, phase,
+        draw number, global row r): as split-invariant as `rand`, but only this micro-batch's rows are made, so
+        memory grows with the micro-batch, not the global batch (dVAE's Gumbel noise at DALL·E size: [B, 8192,
+        32, 32] per row)."""
+        self.draws += 1
+        out = torch.empty(self.size, *shape, device=self.device, dtype=dtype)
+        gen = torch.Generator(device=self.device)
+        for i in range(self.size):  # one draw per row of the micro-batch, not per element
+            gen.manual_seed(mix_seed(self.seed, self.step, self.phase, self.draws, self.offset + i))
+            torch.rand(shape, generator=gen, device=self.device, dtype=dtype, out=out[i])
+        return out
+
     def rows(self, full: Tensor) -> Tensor:
         """This micro-batch's rows of a [global_size, ...] tensor."""
         return self._rows(full)

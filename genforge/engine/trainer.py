@@ -33,6 +33,7 @@ from genforge.data.base import DataInfo
 from genforge.data.loader import SkipLog, build_dataset, build_train_batches, data_info, dataset_size
 from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, load_state, load_tensors,
                                         nonfinite_tensors, read_json, save_state, save_tensors, step_dir_name)
+from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
 from genforge.engine.logging import RunLogger, write_samples
 from genforge.engine.optim import build_optimizer, build_scheduler
@@ -202,7 +203,30 @@ class Trainer:
             raise CheckpointError(f"rank {acc.process_index}: could not write the checkpoint of step {self.step} "
                                   f"into {self.checkpoints.root} ({cause}); the latest checkpoint is still "
                                   f"{latest.name if latest else 'none'}")
+        self.check_consistency()
         return final or self.checkpoints.root / step_dir_name(self.step)
+
+    def check_consistency(self) -> None:
+        """With several processes (and train.check_consistency): every rank must hold the same weights, buffers and
+        EMA; a TrainingError names the first tensor that differs (a buffer updated from one rank's data, a rank
+        that skipped an update)."""
+        acc = self.accelerator
+        if acc.num_processes == 1 or not self.run.train.check_consistency:
+            return
+
+        def gather(local: Tensor) -> list[Tensor]:
+            every = [torch.empty_like(local) for _ in range(acc.num_processes)]
+            torch.distributed.all_gather(every, local)
+            return every
+
+        tensors = {f"{part}.{name}": t.to(acc.device) for part, state in self._state_tensors().items()
+                   for name, t in state.items()}
+        found = first_difference(tensors, gather)
+        if found is not None:
+            name, rank = found
+            raise TrainingError(f"after step {self.step}, rank {rank} holds another {name} than rank 0 (checked by "
+                                "train.check_consistency after each checkpoint): a buffer updated from one rank's "
+                                "data, or an update one rank skipped; the checkpoint was written from rank 0")
 
     def _best_score(self) -> float | None:
         name = self.run.train.keep_best

@@ -1,6 +1,8 @@
-"""Run under torchrun (or plainly, for 1 process): train dit-debug, then every rank saves its weights.
+"""Run under torchrun (or plainly, for 1 process): train dit-debug (or the preset GENFORGE_TEST_PRESET), then
+every rank saves its weights and buffers.
 
-GENFORGE_TEST_FAULT=kill|hang makes rank 1 die (SIGKILL) or hang at step 3, for the failure tests.
+GENFORGE_TEST_FAULT=kill|hang makes rank 1 die (SIGKILL) or hang at step 3, for the failure tests;
+GENFORGE_TEST_FAULT=diverge makes rank 1 nudge one weight at step 1 (the consistency check must name it).
 """
 
 import os
@@ -21,7 +23,10 @@ if fault and os.environ.get("RANK") == "1":
     plain = DiTTask.loss
 
     def faulty(self, batch, phase, step):
-        if step == 3:
+        if fault == "diverge" and step == 1:
+            with torch.no_grad():
+                self.model.final_layer.linear.bias.add_(1e-3)
+        elif step == 3:
             if fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)
@@ -30,7 +35,7 @@ if fault and os.environ.get("RANK") == "1":
     DiTTask.loss = faulty
 
 run_dir, out_dir, *overrides = sys.argv[1:]
-trainer = make_trainer(load_config("dit-debug", overrides), Path(run_dir))
+trainer = make_trainer(load_config(os.environ.get("GENFORGE_TEST_PRESET", "dit-debug"), overrides), Path(run_dir))
 trainer.fit()
 rank = trainer.accelerator.process_index
 state = {k: v.detach().cpu().contiguous() for k, v in trainer.task.state_dict().items()}

@@ -83,7 +83,7 @@ class DVAETask(TokenizerTask):
         codec = self.autoencoder
         logits = codec.logits(image).float()  # [B, K, h, w]
         tau = self.cfg.temperature(step)
-        uniform = rng.rand(*logits.shape[1:]).to(logits)  # [B, K, h, w], reproducible per row
+        uniform = rng.rand_rows(*logits.shape[1:]).to(logits)  # [B, K, h, w]: only this micro-batch's rows
         weights = gumbel_softmax(logits, uniform, tau, hard=self.cfg.straight_through)
         recon = codec.decode_soft(weights)  # [B, C, H, W]
         kl = kl_to_uniform(logits).mean()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from diffusers import AutoencoderKL
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from torch import Tensor, nn
@@ -51,10 +52,17 @@ class KLAutoencoder(nn.Module):
         return self.vae.encode(image).latent_dist
 
     def update_latent_var(self, z: Tensor) -> None:
-        """Running average of Var[z] over training batches (cumulative for 1/momentum updates, then EMA)."""
-        n = int(self.latent_var_updates)
-        rate = max(VAR_MOMENTUM, 1.0 / (n + 1))
-        self.latent_var.lerp_(z.detach().double().var(), rate)
+        """Running average of Var[z] over training batches (cumulative for 1/momentum updates, then EMA). With
+        several processes the variance is that of every rank's rows of this micro-batch (count, sum and sum of
+        squares all-reduced), so the buffer stays the same on every rank."""
+        z = z.detach().double()
+        stats = torch.stack([z.new_tensor(z.numel()), z.sum(), z.square().sum()])  # n, Σz, Σz²
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(stats)
+        n, total, squares = stats
+        var = (squares - total * total / n) / (n - 1)  # unbiased, as torch.var
+        rate = max(VAR_MOMENTUM, 1.0 / (int(self.latent_var_updates) + 1))
+        self.latent_var.lerp_(var, rate)
         self.latent_var_updates += 1
 
     def scale_factor(self) -> float:

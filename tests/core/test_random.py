@@ -20,3 +20,14 @@ def test_draws_differ_by_step_phase_and_draw():
     assert not torch.equal(first, BatchRandom(0, 1, 0, 4, 0, 4).randn(3))
     assert not torch.equal(first, BatchRandom(0, 0, 1, 4, 0, 4).randn(3))
     assert torch.equal(first, BatchRandom(0, 0, 0, 4, 0, 4).randn(3))
+
+
+def test_rand_rows_is_split_invariant_and_draws_only_its_rows():
+    """Per-row draws: any split of the global batch sees the same rows, and a micro-batch of a huge global batch
+    costs only its own rows (a whole-batch draw of [10**12, 64] could not be made)."""
+    whole = BatchRandom(7, 3, 0, 6, 0, 6).rand_rows(4, 5)
+    parts = [BatchRandom(7, 3, 0, 6, offset, 3).rand_rows(4, 5) for offset in (0, 3)]
+    assert whole.shape == (6, 4, 5) and torch.equal(torch.cat(parts), whole)
+    assert (whole >= 0).all() and (whole < 1).all() and not torch.equal(whole[0], whole[1])
+    huge = BatchRandom(7, 3, 0, 10**12, 10**11, 2).rand_rows(64)
+    assert huge.shape == (2, 64)
