@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from genforge.core.config import StrictModel
 from genforge.core.random import BatchRandom
 from genforge.diffusion.gaussian import LossType, MeanType
 from genforge.diffusion.respace import SpacedDiffusion, create_diffusion
+from genforge.diffusion.samplers import SAMPLERS
 
 
 class DiffusionConfig(StrictModel):
@@ -21,8 +22,12 @@ class DiffusionConfig(StrictModel):
     noise_schedule: Literal["linear", "cosine"] = "linear"
     prediction: Literal["eps", "x0", "v"] = "eps"
     learn_sigma: bool = Field(True, description="learned-range variance with the hybrid loss (IDDPM sec. 3.1)")
-    loss: Literal["mse", "rescaled_mse"] = Field(
-        "mse", description="mse: DiT's hybrid weighting; rescaled_mse: the paper's lambda=0.001"
+    fixed_variance: Literal["small", "large"] = Field(
+        "small", description="without learn_sigma: small = the posterior variance beta-tilde_t, large = beta_t "
+                             "(DDPM sec. 3.2; DiT's create_diffusion picks large, sigma_small=False)")
+    loss: Literal["mse", "rescaled_mse", "kl", "rescaled_kl"] = Field(
+        "mse", description="mse: DiT's hybrid weighting; rescaled_mse: the paper's lambda=0.001; kl: the VLB term "
+                           "L_t alone; rescaled_kl: T*L_t, the full L_vlb estimate (DiT's use_kl)"
     )
     min_snr_gamma: float | None = Field(None, gt=0.0, description="Min-SNR-γ loss weighting (Hang et al. 2023); "
                                                                    "5 is the paper's choice; None: plain MSE")
@@ -32,10 +37,17 @@ class DiffusionConfig(StrictModel):
     timestep_mean: float = Field(0.0, ge=-5.0, le=5.0, description="logit_normal: mean of logit(t/T); > 0 draws "
                                                                     "more high-noise steps")
     timestep_std: float = Field(1.0, gt=0.0, le=5.0, description="logit_normal: std of logit(t/T)")
-    sampler: Literal["ddpm", "ddim"] = "ddpm"
+    sampler: str = Field("ddpm", description="a registered sampler (genforge.diffusion.samplers): ddpm, ddim")
     sample_steps: int = Field(250, ge=1, description="respaced steps used for sampling")
     ddim_eta: float = Field(0.0, ge=0.0, le=1.0)
     cfg_scale: float = Field(4.0, ge=1.0, description="classifier-free guidance scale; 1 disables")
+
+    @field_validator("sampler")
+    @classmethod
+    def _registered_sampler(cls, name: str) -> str:
+        if name not in SAMPLERS:
+            raise ValueError(f"unknown sampler {name!r}; allowed: {', '.join(SAMPLERS)}")
+        return name
 
     def draw_timesteps(self, rng: BatchRandom) -> Tensor:
         """Training timesteps long [B] in {0, …, T−1} from the batch's random stream."""
@@ -47,13 +59,9 @@ class DiffusionConfig(StrictModel):
     def build(self, sample_steps: int | None = None) -> SpacedDiffusion:
         """The diffusion process; for sampling pass `sample_steps` (respaced), for training leave None."""
         mean_type = {"eps": MeanType.EPSILON, "x0": MeanType.START_X, "v": MeanType.VELOCITY}[self.prediction]
-        loss_type = {"mse": LossType.MSE, "rescaled_mse": LossType.RESCALED_MSE}[self.loss]
-        if sample_steps is None:
-            respacing = ""
-        elif self.sampler == "ddim":
-            respacing = f"ddim{sample_steps}"
-        else:
-            respacing = str(sample_steps)
+        loss_type = {"mse": LossType.MSE, "rescaled_mse": LossType.RESCALED_MSE, "kl": LossType.KL,
+                     "rescaled_kl": LossType.RESCALED_KL}[self.loss]
+        respacing = "" if sample_steps is None else SAMPLERS.get(self.sampler, "sampler").respacing(sample_steps)
         return create_diffusion(
             timestep_respacing=respacing,
             noise_schedule=self.noise_schedule,
@@ -61,4 +69,5 @@ class DiffusionConfig(StrictModel):
             mean_type=mean_type,
             learn_sigma=self.learn_sigma,
             loss_type=loss_type,
+            fixed_variance=self.fixed_variance,
         )

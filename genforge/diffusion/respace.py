@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import numpy as np
 import torch
@@ -60,10 +60,15 @@ class SpacedDiffusion(GaussianDiffusion):
 
 def create_diffusion(timestep_respacing: str | None = None, noise_schedule: str = "linear",
                      num_timesteps: int = 1000, mean_type: MeanType = MeanType.EPSILON, learn_sigma: bool = True,
-                     loss_type: LossType = LossType.MSE) -> SpacedDiffusion:
+                     loss_type: LossType = LossType.MSE,
+                     fixed_variance: Literal["small", "large"] = "small") -> SpacedDiffusion:
     """The IDDPM process as DiT configures it (linear, T = 1000, ε, learned range, hybrid MSE); learn_sigma=False
-    gives FIXED_SMALL (DiT's code would pick FIXED_LARGE). Respacing "" or None keeps all steps."""
+    gives the fixed variance `fixed_variance`: "small" β̃_t (FIXED_SMALL) or "large" β_t (FIXED_LARGE, what DiT's
+    sigma_small=False default picks). Respacing "" or None keeps all steps."""
+    if fixed_variance not in ("small", "large"):
+        raise ValueError(f"fixed_variance must be 'small' or 'large', got {fixed_variance!r}")
     betas = beta_schedule(noise_schedule, num_timesteps)
     kept = space_timesteps(num_timesteps, timestep_respacing) if timestep_respacing else range(num_timesteps)
-    var_type = VarType.LEARNED_RANGE if learn_sigma else VarType.FIXED_SMALL
+    fixed = VarType.FIXED_SMALL if fixed_variance == "small" else VarType.FIXED_LARGE
+    var_type = VarType.LEARNED_RANGE if learn_sigma else fixed
     return SpacedDiffusion(kept, betas, mean_type, var_type, loss_type)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
-from genforge.diffusion import classifier_free_guidance
+from genforge.diffusion import SAMPLERS, SpacedDiffusion, classifier_free_guidance
 from genforge.families.dit.config import DiTConfig
 from genforge.families.dit.model import DiT
 
@@ -35,7 +35,7 @@ class DiTTask(Task):
             **cfg.dims(),
         )
         self.diffusion = cfg.diffusion.build()
-        self._samplers: dict[tuple[str, int], Any] = {}
+        self._samplers: dict[tuple[str, int], SpacedDiffusion] = {}  # (sampler, steps) -> respaced process
 
     @staticmethod
     def _build_codec(cfg: DiTConfig, ctx: BuildContext) -> torch.nn.Module | None:
@@ -98,11 +98,13 @@ class DiTTask(Task):
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
-        """Ancestral DDPM or DDIM sampling with classifier-free guidance; images in [-1, 1]."""
+        """The configured sampler of `genforge.diffusion.SAMPLERS` (DDPM or DDIM) with classifier-free guidance,
+        from x_T drawn on the generator's device; images in [-1, 1]."""
         s = self.sampler_settings(**opts)
-        key = (s["sampler"], s["steps"])
+        sampler = SAMPLERS.get(s["sampler"], "sampler")
+        key = (sampler.name, s["steps"])
         if key not in self._samplers:
-            self._samplers[key] = self.cfg.diffusion.model_copy(update={"sampler": s["sampler"]}).build(s["steps"])
+            self._samplers[key] = self.cfg.diffusion.model_copy(update={"sampler": sampler.name}).build(s["steps"])
         diffusion = self._samplers[key]
         device = next(self.model.parameters()).device
         shape = (n, self.channels, self.input_size, self.input_size)
@@ -113,12 +115,8 @@ class DiTTask(Task):
                 null = {"y": torch.full_like(kwargs["y"], self.model.y_embedder.null_id)}
                 model_fn = classifier_free_guidance(self.model, s["cfg_scale"], null, out_channels=self.channels)
         clip = self.latent_codec is None  # pixels live in [-1, 1]; latents have no fixed range
-        if s["sampler"] == "ddim":
-            x = diffusion.ddim_sample_loop(model_fn, shape, model_kwargs=kwargs, clip_denoised=clip,
-                                           generator=generator, eta=s["ddim_eta"],
-                                           progress=bool(opts.get("progress")))
-        else:
-            x = diffusion.p_sample_loop(model_fn, shape, model_kwargs=kwargs, clip_denoised=clip,
-                                        generator=generator, progress=bool(opts.get("progress")))
+        x_T = torch.randn(shape, generator=generator, device=generator.device).to(device)
+        x = sampler.run(diffusion, model_fn, x_T, model_kwargs=kwargs, generator=generator, clip_denoised=clip,
+                        progress=bool(opts.get("progress")), eta=s["ddim_eta"])
         images = self.latent_codec.decode(x) if self.latent_codec else x
         return images.clamp(-1, 1)
