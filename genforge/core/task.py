@@ -76,6 +76,11 @@ class Task(nn.Module):
     def load_state_from_checkpoint(self, state: dict[str, Any]) -> None:
         """Inverse of `state_for_checkpoint`."""
 
+    def end_step(self, step: int) -> None:
+        """Called on every rank after the optimizer steps of every phase at `step` (skipped ones too): finish
+        state a step accumulated outside the optimizer (vqgan: apply its codebook update), so that every rank holds
+        the same state before anything reads it, e.g. sampling on the main process only."""
+
     def forward(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Dispatches to `loss`, so that DDP/FSDP wrappers see a forward call."""
         return self.loss(batch, phase, step)

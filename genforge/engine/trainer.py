@@ -459,6 +459,7 @@ class Trainer:
         batches = self._batches()
         while self.step < tc.steps:
             finite = self.train_step([next(batches) for _ in range(tc.grad_accum)], logs)
+            self.task.end_step(self.step)
             self.data_position += 1
             if not finite:
                 if self._after_nonfinite():

@@ -9,7 +9,8 @@ the quantizers are vector-quantize-pytorch's `VectorQuantize`, `LFQ` and `FSQ`.
 The EMA codebook (van den Oord et al. 2017, appendix A.1; Razavi et al. 2019) is updated from each training
 step's assignments, but the update is *deferred*: a step adds its counts and sums (and, for dead-code
 replacement, a random sample of its encodings) to pending buffers, and they are applied to the codebook when
-the next step's first quantization runs, or before any read outside training (encode, previews, evaluation).
+the step ends (`VQGANTask.end_step`, on every rank), or else when the next step's first quantization runs or
+before any read outside training (encode, previews, evaluation).
 Applied after the step's loss, as VQ-VAE does, but with three properties the immediate in-forward update
 lacks: every micro-batch of a step sees the same codebook (one update per global batch, however it is split
 over accumulation steps and processes), calling the loss twice at one step gives the same value, and the

@@ -28,5 +28,11 @@ class VQGANTask(TokenizerTask):
         recon = ae.decode_latent(q.zq)  # [B, C, H, W]
         return recon, q.loss, {**q.logs, **batch_codebook_usage(q.ids, ae.codebook_size)}
 
+    def end_step(self, step: int) -> None:
+        """The step's codebook statistics are complete on every rank: apply them now, everywhere, rather than when
+        the codebook is next read (which the main process alone does when it samples a preview)."""
+        if self.autoencoder.pending is not None:
+            self.autoencoder.apply_pending()
+
     def last_layer(self) -> Tensor:
         return self.autoencoder.decoder.conv_out.weight
