@@ -45,9 +45,7 @@ class DiffusionConfig(StrictModel):
     @field_validator("sampler")
     @classmethod
     def _registered_sampler(cls, name: str) -> str:
-        if name not in SAMPLERS:
-            raise ValueError(f"unknown sampler {name!r}; allowed: {', '.join(SAMPLERS)}")
-        return name
+        return SAMPLERS.get(name, "model.diffusion.sampler").name
 
     def draw_timesteps(self, rng: BatchRandom) -> Tensor:
         """Training timesteps long [B] in {0, …, T−1} from the batch's random stream."""

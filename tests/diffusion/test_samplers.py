@@ -70,7 +70,7 @@ def test_registered_sampler_is_bit_identical_to_the_old_loop(name, eta, learn_si
 
 def test_config_sampler_is_validated_against_the_registry():
     assert DiffusionConfig(sampler="ddim").sampler == "ddim"
-    with pytest.raises(ValidationError, match=r"unknown sampler 'euler'; allowed: ddpm, ddim"):
+    with pytest.raises(ValidationError, match=r"sampler='euler' is not a registered sampler; allowed: ddpm, ddim"):
         DiffusionConfig(sampler="euler")
     cfg = DiffusionConfig()
     with pytest.raises(ValidationError, match="allowed: ddpm, ddim"):
