@@ -104,6 +104,8 @@ def sample(
     out: Annotated[Optional[Path], typer.Option(help="PNG grid to write (default: RUN_DIR/samples/sample-...)")] = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     steps: Annotated[Optional[int], typer.Option(min=1, help="sampling steps (respaced)")] = None,
+    sampler: Annotated[Optional[str], typer.Option(help="diffusion sampler: ddpm, ddim (objective ddpm), euler, heun, "
+                                                        "euler_ancestral, dpmpp_2m")] = None,
     cfg_scale: Annotated[Optional[float], typer.Option(min=1.0, help="classifier-free guidance scale")] = None,
     label: Annotated[Optional[int], typer.Option(min=0, help="class label for every sample")] = None,
     prompt: Annotated[Optional[str], typer.Option(help="text prompt for every sample (text-conditioned families)")]
@@ -122,7 +124,8 @@ def sample(
     if text and getattr(run.config.model, "conditioning", None) != "text":
         _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
     n = n or (len(prompt_list) if prompt_list else 16)
-    opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale, "label": label, "prompt": prompt,
+    opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale, "label": label,
+                              "prompt": prompt,
                               "prompts": prompt_list, "negative_prompt": negative_prompt}.items() if v is not None}
     try:
         images, cond = generate(run.task, n, seed, device, progress=True, **opts)
@@ -159,6 +162,7 @@ def evaluate(
     = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     steps: Annotated[Optional[int], typer.Option(min=1)] = None,
+    sampler: Annotated[Optional[str], typer.Option(help="diffusion sampler (see genforge sample --help)")] = None,
     cfg_scale: Annotated[Optional[float], typer.Option(min=1.0)] = None,
     ref: Annotated[Optional[str], typer.Option(help="real images for fid/kid/prdc: an image folder or a statistics "
                                                     "file (.safetensors, .npz); default: eval.ref, else the "
@@ -171,7 +175,7 @@ def evaluate(
     _join_process_group()
     run, device = _open_run(run_dir)
     names = metrics.split(",") if metrics else run.config.eval.metrics
-    opts = {k: v for k, v in {"steps": steps, "cfg_scale": cfg_scale}.items() if v is not None}
+    opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale}.items() if v is not None}
     try:
         run.config.eval.ref = ref or run.config.eval.ref
         run.config.eval.is_weights = is_weights or run.config.eval.is_weights

@@ -11,8 +11,8 @@ from genforge.app.config import load_config
 from genforge.app.runs import build_task
 from genforge.core.errors import ConfigError
 from genforge.data.loader import build_dataset, data_info
-from genforge.diffusion import (SAMPLERS, LossType, MeanType, Sampler, VarType, classifier_free_guidance,
-                                create_diffusion, sample_ddim, sample_ddpm)
+from genforge.diffusion import (SAMPLERS, LossType, MeanType, Sampler, SamplingProcess, VarType,
+                                classifier_free_guidance, create_diffusion, sample_ddim, sample_ddpm)
 from genforge.diffusion.config import DiffusionConfig
 
 
@@ -29,21 +29,21 @@ def _model(out_channels: int = 3):
 
 
 def test_registry_has_ddpm_and_ddim_with_their_respacing():
-    assert list(SAMPLERS) == ["ddpm", "ddim"]
-    assert SAMPLERS.get("ddpm") == Sampler("ddpm", sample_ddpm, SAMPLERS.get("ddpm").respacing)
+    assert list(SAMPLERS) == ["ddpm", "ddim", "euler", "heun", "euler_ancestral", "dpmpp_2m"]
+    assert SAMPLERS.get("ddpm") == Sampler("ddpm", sample_ddpm, SAMPLERS.get("ddpm").respacing, discrete=True)
     assert SAMPLERS.get("ddpm").run is sample_ddpm and SAMPLERS.get("ddim").run is sample_ddim
     assert SAMPLERS.get("ddpm").respacing(50) == "50" and SAMPLERS.get("ddim").respacing(50) == "ddim50"
-    with pytest.raises(ConfigError, match="allowed: ddpm, ddim"):
-        SAMPLERS.get("euler")
+    assert [n for n, e in SAMPLERS.items() if e.discrete] == ["ddpm", "ddim"]
+    with pytest.raises(ConfigError, match="allowed: ddpm, ddim, euler"):
+        SAMPLERS.get("lms")
 
 
 def test_every_sampler_has_one_signature_and_a_one_line_docstring():
     signatures = {name: inspect.signature(entry.run) for name, entry in SAMPLERS.items()}
     assert len(set(map(str, signatures.values()))) == 1, signatures
     params = list(signatures["ddpm"].parameters.values())
-    assert [p.name for p in params] == ["diffusion", "model", "x", "model_kwargs", "generator", "clip_denoised",
-                                        "progress", "eta"]
-    assert all(p.kind == p.KEYWORD_ONLY for p in params[3:]) and params[-1].default == 0.0
+    assert [p.name for p in params] == ["process", "noise", "generator", "progress", "eta"]
+    assert all(p.kind == p.KEYWORD_ONLY for p in params[2:])
     for name, entry in SAMPLERS.items():
         assert entry.run.__doc__ and "\n" not in entry.run.__doc__.strip(), name
     assert "Algorithm 2" in sample_ddpm.__doc__ and "eq. 12" in sample_ddim.__doc__ and "eq. 16" in sample_ddim.__doc__
@@ -59,8 +59,8 @@ def test_registered_sampler_is_bit_identical_to_the_old_loop(name, eta, learn_si
     shape, kwargs = (3, 3, 4, 4), {"y": torch.tensor([0, 1, 2])}
     gen = torch.Generator().manual_seed(7)
     x_T = torch.randn(shape, generator=gen, device=gen.device).to("cpu")
-    new = sampler.run(diffusion, model, x_T, model_kwargs=kwargs, generator=gen, clip_denoised=True, progress=False,
-                      eta=eta)
+    process = SamplingProcess(model, kwargs, clip_denoised=True, diffusion=diffusion)
+    new = sampler.run(process, x_T, generator=gen, progress=False, eta=eta)
     loop = diffusion.ddim_sample_loop if name == "ddim" else diffusion.p_sample_loop
     old = loop(model, shape, model_kwargs=kwargs, clip_denoised=True, generator=torch.Generator().manual_seed(7),
                **({"eta": eta} if name == "ddim" else {}))
@@ -70,11 +70,11 @@ def test_registered_sampler_is_bit_identical_to_the_old_loop(name, eta, learn_si
 
 def test_config_sampler_is_validated_against_the_registry():
     assert DiffusionConfig(sampler="ddim").sampler == "ddim"
-    with pytest.raises(ValidationError, match=r"sampler='euler' is not a registered sampler; allowed: ddpm, ddim"):
-        DiffusionConfig(sampler="euler")
+    with pytest.raises(ValidationError, match=r"sampler='lms' is not a registered sampler; allowed: ddpm, ddim"):
+        DiffusionConfig(sampler="lms")
     cfg = DiffusionConfig()
     with pytest.raises(ValidationError, match="allowed: ddpm, ddim"):
-        cfg.sampler = "heun"  # assignments are validated too
+        cfg.sampler = "lms"  # assignments are validated too
 
 
 @pytest.mark.parametrize("name,steps", [("ddpm", 50), ("ddim", 50), ("ddpm", 7), ("ddim", 7)])
@@ -193,7 +193,8 @@ def test_defaults_are_unchanged():
         "num_timesteps": 1000, "noise_schedule": "linear", "prediction": "eps", "learn_sigma": True,
         "fixed_variance": "small", "loss": "mse", "min_snr_gamma": None, "timestep_sampling": "uniform",
         "timestep_mean": 0.0, "timestep_std": 1.0, "sampler": "ddpm", "sample_steps": 250, "ddim_eta": 0.0,
-        "cfg_scale": 4.0,
+        "cfg_scale": 4.0, "objective": "ddpm", "flow_shift": 1.0, "sigma_data": 0.5, "p_mean": -1.2, "p_std": 1.2,
+        "rho": 7.0, "guidance_interval": None,
     }
     d = cfg.build()
     assert (d.var_type, d.loss_type, d.mean_type) == (VarType.LEARNED_RANGE, LossType.MSE, MeanType.EPSILON)

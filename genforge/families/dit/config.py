@@ -57,7 +57,7 @@ class DiTConfig(FamilyConfig):
                              "to the tokenizer run that wrote the cache (it decodes the samples)")
         if not tokenizer:  # a tokenizer's downsampling is known once it is loaded (DiTTask checks it then)
             self.check_grid(data.image_size, self.latent.factor if self.latent else 1, "model.latent.factor")
-        if self.diffusion.sample_steps > self.diffusion.num_timesteps:
+        if self.diffusion.objective == "ddpm" and self.diffusion.sample_steps > self.diffusion.num_timesteps:
             raise ValueError(
                 f"model.diffusion.sample_steps={self.diffusion.sample_steps} must be <= "
                 f"model.diffusion.num_timesteps={self.diffusion.num_timesteps}"

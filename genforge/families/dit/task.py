@@ -9,7 +9,7 @@ from torch import Tensor
 
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
-from genforge.diffusion import SAMPLERS, SpacedDiffusion, classifier_free_guidance
+from genforge.diffusion import SAMPLERS
 from genforge.families.dit.config import DiTConfig
 from genforge.families.dit.model import DiT
 
@@ -34,8 +34,7 @@ class DiTTask(Task):
             learn_sigma=cfg.diffusion.learn_sigma,
             **cfg.dims(),
         )
-        self.diffusion = cfg.diffusion.build()
-        self._samplers: dict[tuple[str, int], SpacedDiffusion] = {}  # (sampler, steps) -> respaced process
+        self.objective = cfg.diffusion.objective_for_training()
 
     @staticmethod
     def _build_codec(cfg: DiTConfig, ctx: BuildContext) -> torch.nn.Module | None:
@@ -70,14 +69,12 @@ class DiTTask(Task):
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         x = self.to_model_space(batch)  # [B, C, h, w]
         rng = batch["rng"]
-        t = self.cfg.diffusion.draw_timesteps(rng)  # [B]
-        noise = rng.randn(*x.shape[1:]).to(x.dtype)  # [B, C, h, w]
+        time, noise = self.objective.draw(rng, x)  # [B], [B, C, h, w]
         kwargs = {}
         if self.num_classes:
             drop = rng.rand() < self.cfg.class_dropout_prob  # label dropout for classifier-free guidance
             kwargs["y"] = self.model.y_embedder.drop(batch["label"], drop)
-        terms = self.diffusion.training_losses(self.model, x, t, model_kwargs=kwargs, noise=noise,
-                                               min_snr_gamma=self.cfg.diffusion.min_snr_gamma)
+        terms = self.objective.training_losses(self.model, x, time, noise, model_kwargs=kwargs)
         logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
         return terms["loss"].mean(), logs
 
@@ -98,25 +95,20 @@ class DiTTask(Task):
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
-        """The configured sampler of `genforge.diffusion.SAMPLERS` (DDPM or DDIM) with classifier-free guidance,
-        from x_T drawn on the generator's device; images in [-1, 1]."""
+        """A sampler of `genforge.diffusion.SAMPLERS` (model.diffusion.sampler, or --sampler) with classifier-free
+        guidance, from x_T drawn on the generator's device; images in [-1, 1]."""
         s = self.sampler_settings(**opts)
-        sampler = SAMPLERS.get(s["sampler"], "sampler")
-        key = (sampler.name, s["steps"])
-        if key not in self._samplers:
-            self._samplers[key] = self.cfg.diffusion.model_copy(update={"sampler": sampler.name}).build(s["steps"])
-        diffusion = self._samplers[key]
         device = next(self.model.parameters()).device
         shape = (n, self.channels, self.input_size, self.input_size)
-        model_fn, kwargs = self.model, {}
+        kwargs, null = {}, None
         if self.num_classes:
             kwargs = {"y": cond["label"].to(device)}
-            if s["cfg_scale"] > 1.0:
-                null = {"y": torch.full_like(kwargs["y"], self.model.y_embedder.null_id)}
-                model_fn = classifier_free_guidance(self.model, s["cfg_scale"], null, out_channels=self.channels)
+            null = {"y": torch.full_like(kwargs["y"], self.model.y_embedder.null_id)}
         clip = self.latent_codec is None  # pixels live in [-1, 1]; latents have no fixed range
+        process = self.cfg.diffusion.sampling_process(self.model, kwargs, self.channels, clip, s["sampler"],
+                                                      s["steps"], s["cfg_scale"], null)
         x_T = torch.randn(shape, generator=generator, device=generator.device).to(device)
-        x = sampler.run(diffusion, model_fn, x_T, model_kwargs=kwargs, generator=generator, clip_denoised=clip,
-                        progress=bool(opts.get("progress")), eta=s["ddim_eta"])
+        x = SAMPLERS.get(s["sampler"]).run(process, x_T, generator=generator, progress=bool(opts.get("progress")),
+                                           eta=s["ddim_eta"])
         images = self.latent_codec.decode(x) if self.latent_codec else x
         return images.clamp(-1, 1)

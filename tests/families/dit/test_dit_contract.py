@@ -7,3 +7,15 @@ class TestDiTPixels(FamilyContract):
 
 class TestDiTLatents(FamilyContract):
     preset = "dit-latent-debug"
+
+
+class TestDiTFlow(FamilyContract):
+    preset = "dit-debug"
+    overrides = ("model.diffusion.objective=flow", "model.diffusion.learn_sigma=false",
+                 "model.diffusion.sampler=euler")
+
+
+class TestDiTEDM(FamilyContract):
+    preset = "dit-debug"
+    overrides = ("model.diffusion.objective=edm", "model.diffusion.learn_sigma=false",
+                 "model.diffusion.sampler=heun", "model.diffusion.guidance_interval=[0.1,10.0]")
