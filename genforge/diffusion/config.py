@@ -115,8 +115,7 @@ class DiffusionConfig(StrictModel):
             return SamplingProcess(model, model_kwargs, clip, diffusion=self.model_copy(
                 update={"sampler": sampler}).build(steps))
         denoise = objective.denoiser(model, model_kwargs, channels, clip)
-        sigmas = objective.sigmas(steps) if self.objective == "flow" else objective.sigmas(steps, self.rho)
-        return SamplingProcess(model, model_kwargs, clip, denoise=denoise, sigmas=sigmas)
+        return SamplingProcess(model, model_kwargs, clip, denoise=denoise, sigmas=objective.sigmas(steps, self.rho))
 
     def build(self, sample_steps: int | None = None) -> SpacedDiffusion:
         """The diffusion process; for sampling pass `sample_steps` (respaced), for training leave None."""

@@ -164,7 +164,8 @@ class FlowObjective(Objective):
         return {"loss": mse, "mse": mse}
 
     def sigmas(self, steps: int, rho: float = 7.0) -> Tensor:
-        """t uniform from T_MAX to 0 (shifted as SD3 §5.3.2: t' = s·t / (1 + (s − 1)·t)), as σ = t/(1 − t)."""
+        """t uniform from T_MAX to 0 (shifted as SD3 §5.3.2: t' = s·t / (1 + (s − 1)·t)), as σ = t/(1 − t); ρ is
+        not used."""
         t = torch.linspace(self.T_MAX, 0, steps + 1, dtype=torch.float64)
         t = self.shift * t / (1 + (self.shift - 1) * t)
         return t / (1 - t)
