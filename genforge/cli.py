@@ -58,7 +58,12 @@ def train(
             return
         try:
             task = build_task(cfg, device="meta")
-        except (ValueError, FileNotFoundError) as err:
+        except FileNotFoundError as err:  # the data is not there (yet): the config itself is valid
+            typer.echo(to_yaml(cfg).rstrip())
+            typer.echo(f"# parameters: not counted until the data exists: {err}")
+            typer.echo(f"# run directory: {target}")
+            return
+        except ValueError as err:
             _fail(str(err))
         typer.echo(to_yaml(cfg).rstrip())
         counts = count_parameters(task)

@@ -136,14 +136,22 @@ def parse_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             value = yaml.safe_load(text) if text.strip() else None
         except yaml.YAMLError:
             value = text
-        node = raw
+        node: Any = raw
         parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
-            node = child
-        node[parts[-1]] = value
+        for i, part in enumerate(parts):
+            if isinstance(node, list):  # an index into a list of sections, e.g. model.stages.1.unet.dim
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"--set {item!r}: {'.'.join(parts[:i])} is a list of {len(node)}; "
+                                      f"{part!r} is not an index in 0..{len(node) - 1}")
+                part = int(part)
+            elif not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {parts[i - 1]!r} is a value, not a section")
+            if i == len(parts) - 1:
+                node[part] = value
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {})
+            else:
+                node = node[part]
     return raw
 
 

@@ -27,7 +27,7 @@ from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, load_
 from genforge.engine.trainer import Trainer, TrainingRun
 
 # what a generator of each kind of codes should be built on, for messages
-TOKENIZERS_OF = {"latent": "a klvae run", "tokens": "a vqgan or dvae run"}
+TOKENIZERS_OF = {"latent": "a klvae run", "tokens": "a vqgan or dvae run", "image_embed": "a clip run"}
 
 
 @dataclass
@@ -107,14 +107,14 @@ def load_codec(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple
                           "give the run directory of a klvae, vqgan or dvae run")
     kind = codec_kind(codec)
     if kind is None:
-        raise ConfigError(f"{run_dir}: family {family!r} hands out a codec that is neither a LatentCodec nor a "
-                          "TokenCodec (genforge.core.codec)")
+        raise ConfigError(f"{run_dir}: family {family!r} hands out a codec that is neither a LatentCodec, a "
+                          "TokenCodec nor an ImageEmbedder (genforge.core.codec)")
     codec.eval().requires_grad_(False)
+    channels = {"latent": lambda: codec.latent_channels, "image_embed": lambda: codec.embed_dim}.get(kind, lambda: 0)
     info = CodecInfo(kind=kind, run_dir=str(run_dir), family=family, step=run.step, checkpoint=str(run.checkpoint),
-                     encoder_hash=file_sha256(run.checkpoint / "ema.safetensors"),
-                     channels=int(codec.latent_channels) if kind == "latent" else 0,
+                     encoder_hash=file_sha256(run.checkpoint / "ema.safetensors"), channels=int(channels()),
                      codebook_size=int(codec.codebook_size) if kind == "tokens" else 0,
-                     downsample=int(codec.downsample), image_size=run.config.data.image_size)
+                     downsample=int(getattr(codec, "downsample", 0)), image_size=run.config.data.image_size)
     return codec, info
 
 

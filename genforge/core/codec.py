@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-CODE_KINDS = {"latent": "continuous latents", "tokens": "discrete tokens"}
+CODE_KINDS = {"latent": "continuous latents", "tokens": "discrete tokens", "image_embed": "image embeddings"}
 
 
 @runtime_checkable
@@ -40,8 +40,26 @@ class TokenCodec(Protocol):
     def decode(self, ids: Tensor) -> Tensor: ...
 
 
+@runtime_checkable
+class ImageEmbedder(Protocol):
+    """A contrastive image(-text) model's embedding space (CLIP; Radford et al. 2021), what the DALL·E 2 decoder is
+    conditioned on: image [B, 3, image_size, image_size] in [-1, 1] -> unit-norm embedding float [B, embed_dim];
+    with a text tower (`has_text`), captions -> unit-norm embeddings [B, embed_dim] in the same space."""
+
+    embed_dim: int
+    image_size: int  # the resolution the image tower takes (other sizes are resized to it)
+    has_text: bool
+
+    def embed_images(self, image: Tensor) -> Tensor: ...
+
+    def embed_texts(self, texts: list[str]) -> Tensor: ...
+
+
 def codec_kind(codec: object) -> str | None:
-    """"tokens" for a TokenCodec, "latent" for a LatentCodec, None for anything else."""
+    """"tokens" for a TokenCodec, "latent" for a LatentCodec, "image_embed" for an ImageEmbedder, None for anything
+    else."""
+    if isinstance(codec, ImageEmbedder):
+        return "image_embed"
     if isinstance(codec, TokenCodec):
         return "tokens"
     if isinstance(codec, LatentCodec):
@@ -61,13 +79,14 @@ class InputRun:
 class CodecInfo:
     """Which tokenizer checkpoint a codec comes from; `encoder_hash` identifies its weights."""
 
-    kind: str  # "latent" (LatentCodec: float [B, C, h, w]) or "tokens" (TokenCodec: long ids [B, h, w])
+    kind: str  # "latent" (LatentCodec: float [B, C, h, w]), "tokens" (TokenCodec: long ids [B, h, w]) or
+    # "image_embed" (ImageEmbedder: float [B, D], D in `channels`)
     run_dir: str  # absolute path of the tokenizer's run directory
     family: str
     step: int
     checkpoint: str  # the checkpoint folder the weights come from
     encoder_hash: str  # sha256 of that checkpoint's ema.safetensors
-    channels: int  # latent channels (0 for tokens)
+    channels: int  # latent channels or the embedding width D (0 for tokens)
     codebook_size: int  # (0 for latents)
-    downsample: int  # pixels per latent or token, along each side
+    downsample: int  # pixels per latent or token, along each side (0 for image embeddings)
     image_size: int  # the tokenizer's training resolution (data.image_size)

@@ -12,8 +12,8 @@ from genforge.core.codec import InputRun
 from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
-__all__ = ["ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "LogConfig", "ShapesConfig", "StrictModel",
-           "TrainConfig"]
+__all__ = ["ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "LogConfig", "PhaseConfig", "ShapesConfig",
+           "StrictModel", "TrainConfig"]
 
 
 class StrictModel(BaseModel):
@@ -67,6 +67,21 @@ class DataConfig(StrictModel):
         return self
 
 
+class PhaseConfig(StrictModel):
+    """Optimizer settings of one phase of a task (`train.phases.<phase>`), overriding the train section's: e.g. each
+    U-Net of a cascade (dalle2_decoder: unet1, unet2) or vqgan's discriminator with its own learning rate. Unset
+    fields take the train section's value."""
+
+    lr: float | None = Field(None, gt=0.0, le=1.0)
+    weight_decay: float | None = Field(None, ge=0.0)
+    betas: tuple[float, float] | None = None
+    warmup_steps: int | None = Field(None, ge=0, description="counted in this phase's own optimizer steps")
+    lr_schedule: Literal["constant", "cosine"] | None = None
+    min_lr_ratio: float | None = Field(None, ge=0.0, le=1.0)
+    grad_clip: float | None = Field(None, ge=0.0)
+    ema_decay: float | None = Field(None, ge=0.0, lt=1.0, description="EMA decay of the weights this phase trains")
+
+
 class TrainConfig(StrictModel):
     """Optimisation and cadences; every count is in optimizer steps."""
 
@@ -102,6 +117,9 @@ class TrainConfig(StrictModel):
     check_consistency: bool = Field(True, description="after each checkpoint, check that every rank holds the same "
                                                       "weights, buffers and EMA (a hash per tensor; several "
                                                       "processes only)")
+    phases: dict[str, PhaseConfig] = Field(
+        default_factory=dict, description="per-phase optimizer settings by phase name (the task's phases, e.g. "
+                                          "train.phases.unet2.lr); unset fields take this section's")
 
     @model_validator(mode="after")
     def _batch_divisible(self) -> "TrainConfig":
@@ -109,10 +127,26 @@ class TrainConfig(StrictModel):
             raise ValueError(
                 f"train.batch_size={self.batch_size} must be divisible by train.grad_accum={self.grad_accum}"
             )
-        for i, beta in enumerate(self.betas):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"train.betas[{i}]={beta} must be in [0, 1)")
+        for where, betas in [("train.betas", self.betas)] + [(f"train.phases.{name}.betas", phase.betas)
+                                                              for name, phase in self.phases.items()]:
+            for i, beta in enumerate(betas or ()):
+                if not 0.0 <= beta < 1.0:
+                    raise ValueError(f"{where}[{i}]={beta} must be in [0, 1)")
         return self
+
+    def for_phase(self, phase: str) -> "TrainConfig":
+        """This section with `train.phases.<phase>`'s settings in place of its own."""
+        overrides = self.phases.get(phase)
+        if overrides is None:
+            return self
+        return self.model_copy(update=overrides.model_dump(exclude_none=True))
+
+    def check_phases(self, phases: tuple[str, ...]) -> None:
+        """ConfigError when `train.phases` names a phase the task does not have."""
+        unknown = [name for name in self.phases if name not in phases]
+        if unknown:
+            raise ConfigError(f"train.phases.{unknown[0]}: this model has no phase {unknown[0]!r}; its phases are "
+                              f"{', '.join(phases)}")
 
 
 class EvalConfig(StrictModel):

@@ -32,6 +32,12 @@ class Task(nn.Module):
     """Base class of every family's task: a loss per phase, a sampler, and its own schedule state."""
 
     phases: tuple[str, ...] = ("main",)
+    makes_samples: bool = True  # False: nothing to preview or sample (an embedding model such as clip)
+
+    def phase_names(self) -> tuple[str, ...]:
+        """Every phase this task can train; `phases` are those it trains in this run (a cascade trained in part).
+        `train.phases` may configure any of them."""
+        return self.phases
 
     def parameters_for(self, phase: str) -> Iterable[nn.Parameter]:
         """The parameters the optimizer of `phase` updates (default: every trainable parameter)."""

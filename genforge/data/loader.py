@@ -59,14 +59,32 @@ def heldout_split(cfg: DataConfig) -> str:
     return source_of(cfg).heldout_split(cfg)
 
 
-def heldout_batches(cfg: DataConfig, n: int, batch_size: int) -> Iterator[Tensor]:
-    """The first `n` readable images of `heldout_split(cfg)`, unflipped, in batches [b, C, H, W] in [-1, 1]."""
+def heldout_samples(cfg: DataConfig, n: int) -> Iterator[dict[str, Any]]:
+    """The first `n` readable samples of `heldout_split(cfg)`, unflipped, one dict each (`image` [C, H, W] in
+    [-1, 1], and `label`, `text`, `image_embed`, `key` where the source has them)."""
     dataset = build_dataset(cfg, split=heldout_split(cfg), flip=False)
     # a stream (webdataset shards) iterates as one ordered pass, read lazily: only the first n are decoded
     items = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(len(dataset)))
-    readable = itertools.islice((item["image"] for item in items if "image" in item), n)  # skip unreadable files
+    return itertools.islice((item for item in items if "image" in item), n)  # skip unreadable files
+
+
+def heldout_batches(cfg: DataConfig, n: int, batch_size: int) -> Iterator[Tensor]:
+    """The first `n` readable images of `heldout_split(cfg)`, unflipped, in batches [b, C, H, W] in [-1, 1]."""
+    readable = (item["image"] for item in heldout_samples(cfg, n))
     while batch := list(itertools.islice(readable, batch_size)):
         yield torch.stack(batch)
+
+
+def heldout_batch(cfg: DataConfig, n: int) -> dict[str, Any]:
+    """The first `n` readable held-out samples collated into one batch (`image` [n, C, H, W], `label` [n], `text`,
+    `image_embed` [n, D], `key`: the fields every sample has)."""
+    items = list(heldout_samples(cfg, n))
+    if not items:
+        raise ValueError(f"no readable images in the {heldout_split(cfg)!r} split of the data")
+    fields = set.intersection(*(set(item) for item in items))
+    batch = collate([{k: v for k, v in item.items() if k in fields} for item in items])
+    batch.pop("skipped")
+    return batch
 
 
 def dataset_size(dataset: Dataset) -> int | None:

@@ -159,7 +159,10 @@ class GaussianDiffusion:
 
     # ---------------------------------------------------------------------------- reverse process
     def _split_output(self, out: Tensor, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Model output → (mean channels, variance channels or None)."""
+        """Model output → (mean channels, variance channels or None), in float32: under bf16/fp16 autocast the
+        learned-range log-variance, its exp and the discretised likelihood underflow (DALLE2-pytorch's NaN losses with
+        learned variance in fp16, its issues #138, #311)."""
+        out = out.float()
         c = x.shape[1]
         expected = 2 * c if self.var_type == VarType.LEARNED_RANGE else c
         if out.shape[1] != expected:

@@ -13,29 +13,40 @@ class EMA:
     """fp32 shadow copy of `module`'s trainable parameters (buffers, e.g. an EMA-updated codebook, stay live).
 
     decay_n = min(decay, (1 + n) / (10 + n)) with warm-up, where n counts updates since `start`;
-    before `start` the shadow copies the weights.
+    before `start` the shadow copies the weights. `decays` (parameter name -> decay) says which parameters an update
+    averages and with which decay (a phase's own `train.phases.<phase>.ema_decay`); the others keep their shadow
+    bit for bit (a stage of a cascade that this run does not train). Default: every parameter, at `decay`.
     """
 
-    def __init__(self, module: nn.Module, decay: float, warmup: bool = True, start: int = 0) -> None:
+    def __init__(self, module: nn.Module, decay: float, warmup: bool = True, start: int = 0,
+                 decays: dict[str, float] | None = None) -> None:
         self.module, self.decay, self.warmup, self.start = module, decay, warmup, start
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         params = dict(module.named_parameters())
         self.shadow: dict[str, Tensor] = {n: params[n].detach().float().clone() for n in self.names}
+        decays = decays if decays is not None else dict.fromkeys(self.names, decay)
+        self.groups: dict[float, list[str]] = {}  # decay -> the names averaged with it
+        for name in self.names:
+            if name in decays:
+                self.groups.setdefault(decays[name], []).append(name)
 
-    def decay_at(self, step: int) -> float:
-        """The decay used by the update after optimizer step `step` (0 before `start`: copy)."""
+    def decay_at(self, step: int, decay: float | None = None) -> float:
+        """The decay used by the update after optimizer step `step` (0 before `start`: copy) for a parameter whose
+        configured decay is `decay` (default: the EMA's)."""
+        decay = self.decay if decay is None else decay
         if step < self.start:
             return 0.0
         n = step - self.start
-        return min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
+        return min(decay, (1 + n) / (10 + n)) if self.warmup else decay
 
     @torch.no_grad()
     def update(self, step: int) -> None:
-        """shadow <- decay·shadow + (1 − decay)·weights, for every parameter at once."""
+        """shadow <- decay·shadow + (1 − decay)·weights, for every averaged parameter at once (one call per decay)."""
         params = dict(self.module.named_parameters())
-        live = [params[n].detach().float() for n in self.names]
-        shadow = [self.shadow[n] for n in self.names]
-        torch._foreach_lerp_(shadow, live, 1.0 - self.decay_at(step))
+        for decay, names in self.groups.items():
+            live = [params[n].detach().float() for n in names]
+            shadow = [self.shadow[n] for n in names]
+            torch._foreach_lerp_(shadow, live, 1.0 - self.decay_at(step, decay))
 
     def state_dict(self) -> dict[str, Tensor]:
         return dict(self.shadow)

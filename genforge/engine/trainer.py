@@ -138,18 +138,29 @@ class Trainer:
         if len(self.task.phases) > 1:
             ddp.find_unused_parameters = True
         self.task.to(acc.device)
-        self.optimizers = {p: build_optimizer(self.task.parameters_for(p), tc, acc.device) for p in self.task.phases}
-        self.schedulers = {p: build_scheduler(o, tc) for p, o in self.optimizers.items()}
+        tc.check_phases(self.task.phase_names())
+        self.phase_train = {p: tc.for_phase(p) for p in self.task.phases}  # train.phases.<p> applied
+        self.optimizers = {p: build_optimizer(self.task.parameters_for(p), self.phase_train[p], acc.device)
+                           for p in self.task.phases}
+        self.schedulers = {p: build_scheduler(o, self.phase_train[p]) for p, o in self.optimizers.items()}
+        self.carried_optimizer_state: dict[str, Any] = {}  # of phases this run does not train, kept as loaded
         prepared = acc.prepare(self.task, *self.optimizers.values())
         self.model, prepared_optimizers = prepared[0], prepared[1:]
         self.optimizers = dict(zip(self.task.phases, prepared_optimizers))
-        self.ema = EMA(self.task.ema_module(), tc.ema_decay, tc.ema_warmup, tc.ema_start)
+        self.ema = EMA(self.task.ema_module(), tc.ema_decay, tc.ema_warmup, tc.ema_start, self._ema_decays())
         self.step = 0
         self.data_position = 0  # global batches consumed; ahead of `step` after a rollback skipped data
         self.rollbacks = 0
         self.nonfinite_in_a_row = 0
         self.last_eval: dict[str, Any] = {}
         self.skips = SkipLog(self.run_dir / "skipped.jsonl")
+
+    def _ema_decays(self) -> dict[str, float]:
+        """The EMA decay of each parameter some phase trains (its phase's `ema_decay`); parameters no phase of this
+        run trains keep their EMA as it is."""
+        phase_of = {id(p): phase for phase in self.task.phases for p in self.task.parameters_for(phase)}
+        return {name: self.phase_train[phase_of[id(p)]].ema_decay
+                for name, p in self.task.ema_module().named_parameters() if id(p) in phase_of}
 
     # ------------------------------------------------------------------------------------ collectives
     def _any_rank(self, flag: bool | int) -> int:
@@ -241,6 +252,8 @@ class Trainer:
         for phase, opt in self.optimizers.items():
             save_state(tmp / "optim" / phase, {"optimizer": opt.state_dict(),
                                                 "scheduler": self.schedulers[phase].state_dict()})
+        for phase, saved in self.carried_optimizer_state.items():
+            save_state(tmp / "optim" / phase, saved)
         if acc.scaler is not None:
             save_state(tmp / "optim" / "grad_scaler", acc.scaler.state_dict())
         state = {
@@ -270,10 +283,18 @@ class Trainer:
             self.task.load_state_dict(load_tensors(path / "model.safetensors", device))
         if "ema" not in skip:
             self.ema.load_state_dict(load_tensors(path / "ema.safetensors", device))
-        for phase, opt in self.optimizers.items():
+        for phase in self.task.phase_names():
+            if not (path / "optim" / f"{phase}.json").exists():
+                if phase in self.optimizers and acc.is_main_process:
+                    print(f"genforge: {path.name} has no optimizer state of phase {phase!r} (not trained before): "
+                          "it starts with a fresh optimizer", file=sys.stderr)
+                continue
             saved = load_state(path / "optim" / phase)
+            if phase not in self.optimizers:  # not trained in this run: written back unchanged
+                self.carried_optimizer_state[phase] = saved
+                continue
             if "optimizer" not in skip:
-                opt.load_state_dict(saved["optimizer"])
+                self.optimizers[phase].load_state_dict(saved["optimizer"])
             if "scheduler" not in skip:
                 self.schedulers[phase].load_state_dict(saved["scheduler"])
         if acc.scaler is not None and (path / "optim" / "grad_scaler.json").exists() and "grad_scaler" not in skip:
@@ -329,7 +350,8 @@ class Trainer:
                 for name, value in extra.items():
                     logs.add(f"{phase}/{name}" if len(self.task.phases) > 1 else name, value)
             params = [p for g in opt.param_groups for p in g["params"]]
-            norm = acc.clip_grad_norm_(params, tc.grad_clip if tc.grad_clip > 0 else float("inf"))
+            clip = self.phase_train[phase].grad_clip
+            norm = acc.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
             # the norm is of the all-reduced gradients: every rank takes the same decision
             finite = bool(torch.isfinite(total) and torch.isfinite(norm))
             if finite or tc.precision == "fp16":  # fp16: the grad scaler skips and rescales by itself
@@ -351,7 +373,7 @@ class Trainer:
     @torch.no_grad()
     def sample_grid(self) -> Path | None:
         """Preview grid from the EMA weights, written by the main process."""
-        if not self.accelerator.is_main_process:
+        if not self.accelerator.is_main_process or not self.task.makes_samples:
             return None
         gen = torch.Generator(device=self.accelerator.device).manual_seed(self.run.train.seed)
         n = self.run.train.num_samples

@@ -61,6 +61,27 @@ class ColourQuantizerCodec(nn.Module):
         return F.interpolate(colour, scale_factor=self.factor, mode="nearest")  # [B, 3, H, W]
 
 
+class PooledPixelEmbedder(nn.Module):
+    """Parameter-free stand-in ImageEmbedder: each image average-pooled to `grid`×`grid` colours, flattened and
+    L2-normalised (3·grid² dimensions). Lets the image-embedding path (dalle2_decoder) be trained and tested without a
+    trained CLIP; it has no text tower."""
+
+    has_text = False
+
+    def __init__(self, grid: int = 4, image_size: int = 32, channels: int = 3) -> None:
+        super().__init__()
+        self.grid, self.image_size = grid, image_size
+        self.embed_dim = channels * grid * grid
+
+    @torch.no_grad()
+    def embed_images(self, image: Tensor) -> Tensor:
+        pooled = F.adaptive_avg_pool2d(image.float(), self.grid).flatten(1)  # [B, C·grid²]
+        return F.normalize(pooled, dim=-1)
+
+    def embed_texts(self, texts: list[str]) -> Tensor:
+        raise ValueError("the pooled-pixel stand-in embedder has no text tower")
+
+
 STANDINS = {"space_to_depth": "latent", "colour": "tokens"}  # stand-in codec -> the kind of codes it makes
 
 

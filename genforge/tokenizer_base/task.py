@@ -19,6 +19,7 @@ from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task
 from genforge.data.loader import heldout_batches
+from genforge.data.previews import interleave_rows
 from genforge.eval.features import PerceptualLoss
 from genforge.nn.discriminator import PatchDiscriminator, adaptive_weight, hinge_discriminator_loss, r1_penalty
 from genforge.tokenizer_base.config import TokenizerConfig
@@ -137,17 +138,3 @@ class TokenizerTask(Task):
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
         """Rows of 8 originals, each followed by a row of their reconstructions."""
         return interleave_rows([cond["image"], images])
-
-
-def interleave_rows(groups: list[Tensor], width: int = 8) -> tuple[Tensor, int]:
-    """Aligned batches [B, C, H, W] (originals, reconstructions, ...) -> a grid of `width` columns in which each row
-    of the first is followed by the same row of every other; white cells complete a short last row."""
-    like = groups[-1]
-    groups = [g.to(like.device, like.dtype) for g in groups]
-    width = min(width, len(like))
-    rows = []
-    for start in range(0, len(like), width):
-        for group in groups:
-            row = group[start : start + width]
-            rows += [row, row.new_ones(width - len(row), *row.shape[1:])]
-    return torch.cat(rows), width

@@ -27,7 +27,8 @@ from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.dvae.config import DVAEConfig
 from genforge.families.dvae.model import DiscreteVAE
 from genforge.nn.sampling import gumbel
-from genforge.tokenizer_base.task import TokenizerTask, interleave_rows
+from genforge.data.previews import interleave_rows
+from genforge.tokenizer_base.task import TokenizerTask
 
 
 def gumbel_softmax(logits: Tensor, uniform: Tensor, temperature: float, hard: bool) -> Tensor:

@@ -1,0 +1,9 @@
+"""dalle2_decoder: DALL·E 2's decoder, a cascade of diffusion U-Nets conditioned on CLIP image embeddings."""
+
+from pathlib import Path
+
+from genforge.core.family import register_family
+from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
+
+register_family(Dalle2DecoderConfig, "genforge.families.dalle2_decoder.task:Dalle2DecoderTask",
+                Path(__file__).parent / "presets")

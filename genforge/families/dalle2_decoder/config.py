@@ -1,0 +1,117 @@
+"""Config of the `dalle2_decoder` family: DALL·E 2's decoder (Ramesh et al. 2022, §2.1), a cascade of diffusion U-Nets
+conditioned on CLIP image embeddings."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from genforge.core.codec import InputRun
+from genforge.core.config import DataConfig, FamilyConfig, StrictModel
+from genforge.diffusion.config import DiffusionConfig
+from genforge.nn.unet import UNetConfig
+from genforge.text.config import TextEncoderConfig
+
+
+class StageConfig(StrictModel):
+    """One U-Net of the cascade: its output size, network and diffusion, and (upsamplers) how the low-resolution
+    conditioning image is degraded in training: Gaussian blur (DALL·E 2, App. C) and Gaussian noise augmentation of a
+    random level, which the U-Net is told (Ho et al. 2022, "Cascaded Diffusion Models", §4.2)."""
+
+    image_size: int = Field(gt=0, description="side of this stage's output; the last stage's is data.image_size")
+    unet: UNetConfig = UNetConfig()
+    diffusion: DiffusionConfig = DiffusionConfig(noise_schedule="cosine", sampler="ddim", sample_steps=50,
+                                                 cfg_scale=3.0)
+    blur_sigma: tuple[float, float] = Field((0.4, 0.6), description="upsamplers: σ (pixels) of the training blur of "
+                                                                    "the low-res image, drawn uniformly in range")
+    blur_kernel: int = Field(3, ge=1, le=15, description="upsamplers: blur kernel side (odd)")
+    lowres_noise_max: float = Field(0.5, ge=0.0, le=1.0, description="upsamplers: training noise-augmentation level "
+                                                                     "drawn uniformly in [0, this) (share of the "
+                                                                     "augmentation schedule's 1000 steps)")
+    lowres_noise_sample: float = Field(0.2, ge=0.0, le=1.0, description="upsamplers: the augmentation level used "
+                                                                        "when sampling (DALLE2-pytorch: 0.2)")
+
+    @model_validator(mode="after")
+    def _blur(self) -> "StageConfig":
+        lo, hi = self.blur_sigma
+        if not 0 <= lo <= hi:
+            raise ValueError(f"blur_sigma={list(self.blur_sigma)} must be [lo, hi] with 0 <= lo <= hi")
+        if self.blur_kernel % 2 == 0:
+            raise ValueError(f"blur_kernel={self.blur_kernel} must be odd")
+        return self
+
+
+class EmbedderConfig(StrictModel):
+    """Where the image embeddings come from: a genforge `clip` run (its EMA weights, frozen), the data itself
+    (`.npy` embeddings next to each image in webdataset shards, DALLE2-pytorch's precomputed layout), or the
+    parameter-free `pooled` stand-in (each image pooled to grid×grid colours; tests and smoke runs)."""
+
+    source: Literal["clip_run", "data", "pooled"] = "clip_run"
+    path: str | None = Field(None, description="source=clip_run: the run directory of a trained clip model")
+    dim: int | None = Field(None, gt=0, description="source=data: the embeddings' width D")
+    grid: int = Field(4, ge=1, le=16, description="source=pooled: pooled colours per side (D = 3·grid²)")
+
+    @model_validator(mode="after")
+    def _fields_fit_the_source(self) -> "EmbedderConfig":
+        if self.source == "clip_run" and not self.path:
+            raise ValueError("model.embedder.path (a clip run directory) is required when model.embedder.source is "
+                             "'clip_run'")
+        if self.source != "clip_run" and self.path is not None:
+            raise ValueError(f"model.embedder.path applies to model.embedder.source=clip_run, not {self.source}")
+        if (self.source == "data") != (self.dim is not None):
+            raise ValueError("model.embedder.dim (the width of the .npy embeddings) is required with, and only "
+                             "with, model.embedder.source='data'")
+        return self
+
+
+class Dalle2DecoderConfig(FamilyConfig):
+    """The decoder cascade: `stages` from the base U-Net up, each trained as its own phase (`unet1`, `unet2`, ...)
+    with its optimizer (`train.phases.unet2.lr`) and EMA; `train_unets` picks the ones this run trains."""
+
+    family: Literal["dalle2_decoder"] = "dalle2_decoder"
+    default_metrics: ClassVar[tuple[str, ...]] = ("fid",)
+    stages: list[StageConfig] = Field(min_length=1)
+    train_unets: list[int] | None = Field(None, description="1-based stages this run trains (DALLE2-pytorch's "
+                                                            "unet_training_mask); the others stay bit-for-bit as "
+                                                            "they are; default: all")
+    embedder: EmbedderConfig
+    text: TextEncoderConfig | None = Field(None, description="also condition every U-Net on the caption's text "
+                                                             "encodings (GLIDE's text context); None: image "
+                                                             "embeddings only")
+    image_embed_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="share of training rows with the null image "
+                                                                        "embedding, for guidance (DALL·E 2 §2.1)")
+    text_dropout: float = Field(0.5, ge=0.0, lt=1.0, description="share of rows with the caption dropped (§2.1)")
+
+    @model_validator(mode="after")
+    def _cascade(self) -> "Dalle2DecoderConfig":
+        sizes = [stage.image_size for stage in self.stages]
+        if any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise ValueError(f"model.stages image sizes {sizes} must increase from one stage to the next")
+        for i, stage in enumerate(self.stages):
+            if stage.image_size % stage.unet.downsample:
+                raise ValueError(f"model.stages[{i}].image_size={stage.image_size} must be divisible by "
+                                 f"{stage.unet.downsample} (its U-Net has {len(stage.unet.dim_mults)} levels)")
+        if self.train_unets is not None:
+            bad = [n for n in self.train_unets if not 1 <= n <= len(self.stages)]
+            if bad or not self.train_unets or len(set(self.train_unets)) != len(self.train_unets):
+                raise ValueError(f"model.train_unets={self.train_unets} must name distinct stages among "
+                                 f"1..{len(self.stages)}")
+        return self
+
+    def trained_stages(self) -> list[int]:
+        """0-based indices of the stages this run trains, in cascade order."""
+        return sorted(n - 1 for n in self.train_unets) if self.train_unets else list(range(len(self.stages)))
+
+    def check_data(self, data: DataConfig) -> None:
+        if self.stages[-1].image_size != data.image_size:
+            raise ValueError(f"model.stages[-1].image_size={self.stages[-1].image_size} must equal "
+                             f"data.image_size={data.image_size} (the cascade ends at the data's resolution)")
+        if self.embedder.source == "data" and data.source != "shards":
+            raise ValueError("model.embedder.source='data' reads .npy embeddings from webdataset shards: set "
+                             f"data.source=shards (got {data.source})")
+
+    def input_runs(self) -> dict[str, InputRun]:
+        if self.embedder.source != "clip_run":
+            return {}
+        return {"model.embedder.path": InputRun(self.embedder.path, "image_embed")}

@@ -1,0 +1,195 @@
+"""dalle2_decoder as a Task: one phase per trained U-Net of the cascade (`unet1`, `unet2`, ...), each on its own
+diffusion objective; sampling runs the cascade with classifier-free guidance at every stage.
+
+Conditioning (DALL·E 2 §2.1): the CLIP image embedding of the training image, replaced by a learned null embedding
+in `image_embed_dropout` of the rows, and optionally the caption's text encodings, dropped in `text_dropout` of the
+rows; upsamplers also see the image at the previous stage's size, blurred (App. C) and noised at a random level they
+are told (Cascaded Diffusion Models, Ho et al. 2022, §4.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from genforge.core.family import BuildContext
+from genforge.core.task import Batch, Task
+from genforge.data.loader import heldout_batch
+from genforge.data.previews import interleave_rows
+from genforge.diffusion import SAMPLERS, GaussianDiffusion
+from genforge.diffusion.config import DiffusionConfig
+from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
+from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
+from genforge.nn.codec import PooledPixelEmbedder
+from genforge.text.encoders import attach_text_encoder, build_text_encoder
+
+AUGMENTATION_STEPS = 1000  # the noise-augmentation schedule's steps (levels are shares of it)
+
+
+def augmentation_process() -> GaussianDiffusion:
+    """The forward process that noises an upsampler's low-resolution input (a linear 1000-step schedule)."""
+    return DiffusionConfig(num_timesteps=AUGMENTATION_STEPS, noise_schedule="linear", learn_sigma=False).build()
+
+
+class Dalle2DecoderTask(Task):
+    """The cascade of `Dalle2DecoderConfig.stages`, trained stage by stage as phases."""
+
+    def __init__(self, cfg: Dalle2DecoderConfig, ctx: BuildContext) -> None:
+        super().__init__()
+        self.cfg, self.data_cfg = cfg, ctx.data
+        self.channels = ctx.info.channels
+        self.embedder: nn.Module | None = None  # a frozen ImageEmbedder (genforge.core.codec); None: the data's
+        if cfg.embedder.source == "clip_run":
+            self.embedder = ctx.codecs["model.embedder.path"][0]
+        elif cfg.embedder.source == "pooled":
+            self.embedder = PooledPixelEmbedder(cfg.embedder.grid, ctx.data.image_size, self.channels)
+        embed_dim = self.embedder.embed_dim if self.embedder is not None else cfg.embedder.dim
+        text_dim = 0
+        if cfg.text is not None:
+            encoder = build_text_encoder(cfg.text)
+            attach_text_encoder(self, "text_encoder", encoder)  # a trainable one trains with the first phase
+            text_dim = encoder.dim
+        self.cascade = DecoderCascade(cfg, embed_dim, text_dim, self.channels)
+        self.objectives = [stage.diffusion.objective_for_training() for stage in cfg.stages]
+        self.augmentation = augmentation_process()
+        self.stage_of = {f"unet{i + 1}": i for i in range(len(cfg.stages))}
+        self.phases = tuple(f"unet{i + 1}" for i in cfg.trained_stages())
+
+    # ------------------------------------------------------------------------------------------------ phases
+    def phase_names(self) -> tuple[str, ...]:
+        return tuple(self.stage_of)
+
+    def parameters_for(self, phase: str) -> list[nn.Parameter]:
+        params = list(self.cascade[self.stage_of[phase]].parameters())
+        text = getattr(self, "text_encoder", None)
+        if phase == self.phases[0] and isinstance(text, nn.Module) and text.trainable:
+            params += list(text.parameters())
+        return params
+
+    # -------------------------------------------------------------------------------------------- conditions
+    def image_embeds(self, batch: Batch) -> Tensor:
+        """The image embeddings [B, D] of a batch: the data's (.npy in shards) or the frozen embedder's."""
+        if self.embedder is None:
+            if "image_embed" not in batch:
+                raise ValueError("model.embedder.source='data' but the batch has no image_embed (.npy next to each "
+                                 "image in the shards)")
+            return batch["image_embed"].float()
+        with torch.no_grad():
+            return self.embedder.embed_images(batch["image"]).float()
+
+    def conditioning(self, cond: Batch, embeds: Tensor, image_keep: Tensor, text_keep: Tensor) -> dict[str, Tensor]:
+        """U-Net kwargs of every stage: the image embeddings [B, D] and, with a text encoder, the encodings of
+        cond's captions; rows with a False `*_keep` get the null condition."""
+        kwargs = {"image_embed": embeds, "image_keep": image_keep}
+        if self.cfg.text is not None:
+            text_embed, text_mask = self.text_encoder.encode_on(cond["text"], embeds.device)
+            kwargs.update(text_embed=text_embed, text_mask=text_mask, text_keep=text_keep)
+        return kwargs
+
+    def lowres_input(self, image: Tensor, stage: int, noise: Tensor, level: Tensor, sigma: Tensor | None) -> dict:
+        """The upsampler's low-resolution input: `image` at the previous stage's size, blurred by σ [B] (training
+        only), then noised to augmentation `level` [B] (long, in 0..999) with `noise`."""
+        cfg = self.cfg.stages[stage]
+        low = resize(image, self.cfg.stages[stage - 1].image_size)  # [B, C, S_{i-1}, S_{i-1}]
+        if sigma is not None and cfg.blur_kernel > 1:
+            low = gaussian_blur(low, sigma, cfg.blur_kernel)
+        return {"lowres": self.augmentation.q_sample(low, level, noise.to(low.dtype)),
+                "lowres_noise_level": level.float()}
+
+    # -------------------------------------------------------------------------------------------------- loss
+    def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        i = self.stage_of[phase]
+        stage, rng = self.cfg.stages[i], batch["rng"]
+        x0 = resize(batch["image"], stage.image_size)  # [B, C, S_i, S_i]
+        time, noise = self.objectives[i].draw(rng, x0)
+        image_keep = rng.rand() >= self.cfg.image_embed_dropout  # [B] bool
+        text_keep = rng.rand() >= self.cfg.text_dropout
+        kwargs = self.conditioning(batch, self.image_embeds(batch), image_keep, text_keep)
+        if i > 0:
+            lo, hi = stage.blur_sigma
+            sigma = lo + (hi - lo) * rng.rand()  # [B]
+            level = (rng.rand() * stage.lowres_noise_max * AUGMENTATION_STEPS).long()  # [B] in 0..999
+            previous = self.cfg.stages[i - 1].image_size
+            kwargs.update(self.lowres_input(batch["image"], i, rng.randn(self.channels, previous, previous), level,
+                                            sigma))
+        terms = self.objectives[i].training_losses(self.cascade[i], x0, time, noise, model_kwargs=kwargs)
+        logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
+        return terms["loss"].mean(), logs
+
+    # ---------------------------------------------------------------------------------------------- sampling
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        """What `n` samples decode: the embedding of `image` (a tensor [k, C, H, W] in [-1, 1], e.g. `genforge sample
+        --image`), of the text `prompt` (through the embedder's text tower: an approximation of DALL·E 2's prior,
+        which this family does not include), or else of the first `n` held-out images (with their labels and
+        captions, for the judge and text conditioning)."""
+        device = generator.device
+        if opts.get("prompt"):
+            if self.embedder is None or not self.embedder.has_text:
+                raise ValueError("--prompt needs an embedder with a text tower (model.embedder.source=clip_run)")
+            embeds = self.embedder.embed_texts([opts["prompt"]] * n)
+            return Batch(image_embed=embeds.to(device), text=[opts["prompt"]] * n)
+        if opts.get("image") is not None:
+            image = resize(opts["image"], self.cfg.stages[-1].image_size)
+            cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])
+        else:
+            cond = heldout_batch(self.data_cfg, n)
+            cond = {k: v for k, v in cond.items() if k in ("image", "label", "text", "image_embed")}
+            if len(cond["image"]) < n:  # a small held-out split: cycle through it
+                index = torch.arange(n) % len(cond["image"])
+                cond = {k: v[index] if isinstance(v, Tensor) else [v[j] for j in index.tolist()]
+                        for k, v in cond.items()}
+        if self.cfg.text is not None and "text" not in cond:
+            cond["text"] = [""] * n
+        cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
+        cond["image_embed"] = cond["image_embed"].float() if "image_embed" in cond else self.image_embeds(cond)
+        return Batch(**cond)
+
+    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
+        """Per stage: sampler, steps and guidance scale (--sampler/--steps/--cfg-scale apply to every stage), and
+        the stages run (--start-stage, --stop-stage; 1-based)."""
+        stages = self.cfg.stages
+        start, stop = opts.get("start_stage") or 1, opts.get("stop_stage") or len(stages)
+        if not 1 <= start <= stop <= len(stages):
+            raise ValueError(f"--start-stage {start} / --stop-stage {stop}: need 1 <= start <= stop <= {len(stages)}")
+        return {"sampler": [opts.get("sampler") or s.diffusion.sampler for s in stages],
+                "steps": [opts.get("steps") or s.diffusion.sample_steps for s in stages],
+                "cfg_scale": [opts.get("cfg_scale") or s.diffusion.cfg_scale for s in stages],
+                "start_stage": start, "stop_stage": stop}
+
+    @torch.no_grad()
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+        """Run the cascade from `start_stage` (a later start upsamples `cond["image"]`, a real low-resolution
+        image) to `stop_stage`, guided at every stage against the null conditions; images in [-1, 1] at the stop
+        stage's size."""
+        s = self.sampler_settings(**opts)
+        device = next(self.cascade.parameters()).device
+        keep = torch.ones(n, dtype=torch.bool, device=device)
+        cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
+        kwargs = self.conditioning(cond, cond["image_embed"].float(), keep, keep)
+        null = {"image_keep": keep[:1] & False}
+        if self.cfg.text is not None:
+            null["text_keep"] = keep[:1] & False
+        x = None if s["start_stage"] == 1 else cond["image"]
+        for i in range(s["start_stage"] - 1, s["stop_stage"]):
+            stage = self.cfg.stages[i]
+            stage_kwargs = dict(kwargs)
+            if i > 0:
+                previous = self.cfg.stages[i - 1].image_size
+                noise = torch.randn((n, self.channels, previous, previous), generator=generator, device=generator.device)
+                level = torch.full((n,), round(stage.lowres_noise_sample * (AUGMENTATION_STEPS - 1)), device=device)
+                stage_kwargs.update(self.lowres_input(x, i, noise.to(device), level, sigma=None))
+            process = stage.diffusion.sampling_process(self.cascade[i], stage_kwargs, self.channels, True,
+                                                       s["sampler"][i], s["steps"][i], s["cfg_scale"][i], null)
+            x_T = torch.randn((n, self.channels, stage.image_size, stage.image_size), generator=generator,
+                              device=generator.device).to(device)
+            x = SAMPLERS.get(s["sampler"][i]).run(process, x_T, generator=generator,
+                                                  progress=bool(opts.get("progress")), eta=stage.diffusion.ddim_eta)
+        return x.clamp(-1, 1)
+
+    def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int | None]:
+        """Rows of source images, each followed by the row of their variations (real | generated pairs)."""
+        if "image" not in cond:
+            return images, None
+        return interleave_rows([resize(cond["image"].to(images), images.shape[-1]), images])

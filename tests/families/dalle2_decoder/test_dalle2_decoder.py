@@ -1,0 +1,166 @@
+"""dalle2_decoder: the family contract, the cascade trained in part, guidance, the low-resolution conditioning path,
+learned variance under bf16 and the config checks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from family_contract import FamilyContract
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from genforge.app.config import load_config
+from genforge.app.runs import build_task, make_trainer
+from genforge.cli import app
+from genforge.core.random import BatchRandom
+from genforge.families.dalle2_decoder.model import gaussian_blur
+from genforge.families.dalle2_decoder.task import AUGMENTATION_STEPS
+
+PRESET = "dalle2-decoder-debug"
+
+
+class TestContract(FamilyContract):
+    preset = PRESET
+
+
+class TestContractOneStage(FamilyContract):
+    """Only the second stage trains (the first stays as built)."""
+
+    preset = PRESET
+    overrides = ("model.train_unets=[2]",)
+
+
+def _task(*overrides: str):
+    torch.manual_seed(0)
+    cfg = load_config(PRESET, list(overrides))
+    return cfg, build_task(cfg)
+
+
+def _checkpoint(run: Path, step: int) -> tuple[dict, dict]:
+    folder = run / "checkpoints" / f"step-{step:06d}"
+    return load_file(str(folder / "model.safetensors")), load_file(str(folder / "ema.safetensors"))
+
+
+def test_training_stage_2_leaves_stage_1_unchanged(tmp_path):
+    """Train both stages, then resume the run training only unet2: unet1's weights, EMA and optimizer state are
+    bit-for-bit those of before; unet2's moved."""
+    base = ["train.checkpoint_every=2", "train.sample_every=0", "train.log_every=1"]
+    make_trainer(load_config(PRESET, [*base, "train.steps=2"]), tmp_path).fit()
+    make_trainer(load_config(PRESET, [*base, "train.steps=4", "model.train_unets=[2]"]), tmp_path).fit()
+    (model_2, ema_2), (model_4, ema_4) = _checkpoint(tmp_path, 2), _checkpoint(tmp_path, 4)
+    stage_1 = [k for k in model_2 if k.startswith("cascade.unets.0.")]
+    stage_2 = [k for k in model_2 if k.startswith("cascade.unets.1.")]
+    assert stage_1 and stage_2
+    assert all(torch.equal(model_2[k], model_4[k]) for k in stage_1)
+    assert all(torch.equal(ema_2[k], ema_4[k]) for k in stage_1 if k in ema_2)
+    assert any(k in ema_2 for k in stage_1)  # stage 1's EMA is kept, not dropped
+    assert not all(torch.equal(model_2[k], model_4[k]) for k in stage_2)
+    assert not all(torch.equal(ema_2[k], ema_4[k]) for k in stage_2)
+    optim_2, optim_4 = (tmp_path / "checkpoints" / f"step-00000{s}" / "optim" for s in (2, 4))
+    assert (optim_2 / "unet1.safetensors").read_bytes() == (optim_4 / "unet1.safetensors").read_bytes()
+
+
+def test_phases_get_their_own_optimizer_settings(tmp_path):
+    """train.phases.unet2 (lr 2e-3, clip 0.5 in the preset) reaches unet2's optimizer only."""
+    trainer = make_trainer(load_config(PRESET, ["train.steps=1"]), tmp_path)
+    assert {g["lr"] for g in trainer.optimizers["unet1"].param_groups} == {1e-3}
+    assert {g["lr"] for g in trainer.optimizers["unet2"].param_groups} == {2e-3}
+    assert trainer.phase_train["unet2"].grad_clip == 0.5 and trainer.phase_train["unet1"].grad_clip == 1.0
+
+
+def test_unknown_phase_in_train_phases_exits_2(tmp_path):
+    out = CliRunner().invoke(app, ["train", PRESET, "--set", "train.phases.unet3.lr=0.1", "--run-dir",
+                                   str(tmp_path / "run")])
+    assert out.exit_code == 2 and "train.phases.unet3" in out.stderr
+
+
+@pytest.mark.parametrize("override, field", [
+    ("model.stages.1.image_size=8", "image sizes"),
+    ("model.train_unets=[3]", "model.train_unets"),
+    ("data.image_size=32", "data.image_size"),
+    ("model.embedder.source=clip_run", "model.embedder.path"),
+])
+def test_bad_config_exits_2_naming_the_field(tmp_path, override, field):
+    out = CliRunner().invoke(app, ["train", PRESET, "--dry-run", "--set", override, "--run-dir", str(tmp_path)])
+    assert out.exit_code == 2 and field in out.stderr, out.stderr
+
+
+def _perturb(task) -> None:
+    """Random weights everywhere (a fresh U-Net outputs exactly zero: its last convolutions start at zero)."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in task.cascade.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+
+
+def test_guidance_scale_changes_the_samples_at_every_stage():
+    cfg, task = _task()
+    _perturb(task)
+    task.eval()
+    cond = task.sample_conditions(3, torch.Generator().manual_seed(0))
+    outs = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3, cfg_scale=scale) for scale in (1.0, 4.0)}
+    assert not torch.equal(outs[1.0], outs[4.0])
+    assert task.sampler_settings(cfg_scale=4.0)["cfg_scale"] == [4.0, 4.0]
+    # from a real low-resolution image, the upsampler alone: guidance still changes its output
+    up = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3, cfg_scale=scale, start_stage=2)
+          for scale in (1.0, 4.0)}
+    assert not torch.equal(up[1.0], up[4.0])
+    base = task.sample(cond, torch.Generator().manual_seed(0), 3, stop_stage=1)
+    assert base.shape[-1] == cfg.model.stages[0].image_size
+
+
+def test_gaussian_blur_keeps_the_mean_and_shrinks_white_noise_by_the_kernel_energy():
+    noise = torch.randn(3, 3, 128, 128, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.0, 0.5, 1.0])
+    blurred = gaussian_blur(noise + 0.3, sigma, kernel=5)
+    assert torch.allclose(blurred[0], noise[0] + 0.3)  # σ = 0: unchanged
+    for b, s in enumerate(sigma.tolist()[1:], start=1):
+        w = torch.exp(-torch.arange(-2.0, 3.0) ** 2 / (2 * s * s))
+        w = w / w.sum()
+        expected = float((w**2).sum()) ** 2  # separable: the 2-D kernel's energy is the 1-D one's squared
+        inner = blurred[b, :, 4:-4, 4:-4]
+        assert abs(inner.mean().item() - 0.3) < 0.01
+        assert inner.var().item() == pytest.approx(expected, rel=0.05)
+
+
+def test_lowres_input_is_the_blurred_image_noised_to_the_given_level():
+    """x_aug = √ᾱ_t·blur(resize(x)) + √(1 − ᾱ_t)·ε at the level t the U-Net is told."""
+    cfg, task = _task()
+    image = torch.rand(64, 3, 16, 16) * 2 - 1
+    noise = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    level = torch.full((64,), 400)
+    out = task.lowres_input(image, 1, noise, level, sigma=torch.zeros(64))
+    ac = task.augmentation.coefs["alphas_cumprod"][400].item()
+    clean = torch.nn.functional.interpolate(image, size=(8, 8), mode="bilinear", antialias=True)
+    residual = (out["lowres"] - math.sqrt(ac) * clean) / math.sqrt(1 - ac)
+    assert torch.allclose(residual, noise, atol=1e-5)
+    assert torch.equal(out["lowres_noise_level"], level.float())
+    # in training the level is drawn in [0, lowres_noise_max · 1000)
+    batch = {"image": image[:8], "rng": BatchRandom(0, 0, 1, 8, 0, 8)}
+    batch["label"] = torch.zeros(8, dtype=torch.long)
+    loss, _ = task.loss(batch, "unet2", 0)
+    assert torch.isfinite(loss)
+    assert cfg.model.stages[1].lowres_noise_max * AUGMENTATION_STEPS <= AUGMENTATION_STEPS
+
+
+def test_learned_variance_loss_is_finite_under_bf16_autocast():
+    """Stage 1 learns its variance (IDDPM hybrid loss): under bf16 autocast every timestep, t = 0 (the discretised
+    decoder likelihood) and t = T − 1 included, gives a finite loss and finite gradients."""
+    cfg, task = _task()
+    _perturb(task)
+    stage = cfg.model.stages[0]
+    assert stage.diffusion.learn_sigma
+    objective = task.objectives[0]
+    x0 = torch.rand(8, 3, 8, 8) * 2 - 1
+    t = torch.tensor([0, 1, 2, 10, 50, 97, 98, 99])
+    noise = torch.randn_like(x0)
+    kwargs = {"image_embed": torch.nn.functional.normalize(torch.randn(8, 12), dim=-1),
+              "image_keep": torch.ones(8, dtype=torch.bool)}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        terms = objective.training_losses(task.cascade[0], x0, t, noise, model_kwargs=kwargs)
+    assert torch.isfinite(terms["loss"]).all() and torch.isfinite(terms["vb"]).all()
+    terms["loss"].mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in task.cascade[0].parameters() if p.grad is not None)
