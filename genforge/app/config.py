@@ -57,10 +57,14 @@ class RunConfig(StrictModel):
                 raise ValueError("train.keep_best needs evaluation during training: set eval.every > 0")
             metrics = [METRICS.get(m) for m in self.eval.metrics]
             known = {name for metric in metrics for name in metric.results}
+            lower = {name for metric in metrics for name in metric.lower_is_better}
+            if self.eval.val_loss_batches:
+                known.add("val_loss")
+                lower.add("val_loss")
             if self.train.keep_best not in known:
                 raise ValueError(f"train.keep_best={self.train.keep_best!r} is not an evaluation result of "
-                                 f"eval.metrics={self.eval.metrics}; allowed: {', '.join(sorted(known))}")
-            lower = {name for metric in metrics for name in metric.lower_is_better}
+                                 f"eval.metrics={self.eval.metrics} (val_loss: with eval.val_loss_batches > 0); "
+                                 f"allowed: {', '.join(sorted(known))}")
             if self.train.keep_best in lower and self.train.keep_best_mode != "min":
                 raise ValueError(f"train.keep_best={self.train.keep_best}: lower is better; set "
                                  "train.keep_best_mode=min")

@@ -49,7 +49,11 @@ class DataConfig(StrictModel):
                                                "`genforge encode` (source=cache)")
     image_size: int = Field(32, ge=8, le=4096)
     flip: bool = Field(True, description="random horizontal flip")
-    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="held-out share, split by a hash of the path")
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="held-out validation share: of the images (a "
+                                                                  "folder, by a hash of each path) or of the shards "
+                                                                  "(shards, by a seeded permutation)")
+    test_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="held-out test share, split like val_fraction")
+    split_seed: int = Field(0, ge=0, description="seed of the train / val / test split (folder, shards)")
     num_workers: int = Field(2, ge=0, le=64, description="decoding worker processes per rank")
     max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0,
                                     description="stop when more than this share of samples read was unreadable")
@@ -60,6 +64,9 @@ class DataConfig(StrictModel):
 
     @model_validator(mode="after")
     def _source_checks(self) -> "DataConfig":
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ValueError(f"data.val_fraction + data.test_fraction = {self.val_fraction + self.test_fraction:g} "
+                             "must be < 1 (something must be left to train on)")
         """The checks of a registered source (genforge.data registers the built-in ones; an unknown name is
         reported where the whole run config is validated, once every plug-in is loaded)."""
         if self.source in DATA_SOURCES:
@@ -163,6 +170,10 @@ class EvalConfig(StrictModel):
     ref_n: int | None = Field(None, gt=1, description="reference images used (default: eval.n)")
     is_weights: str | None = Field(None, description="file with the Inception-v3 logits layer (fc.weight "
                                                      "[1008, 2048]) for metric 'is'; the FID network lacks it")
+    val_loss_batches: int = Field(0, ge=0, description="at each evaluation, also the loss of every phase on this "
+                                                       "many held-out batches of train.batch_size, with fixed noise "
+                                                       "(val_loss, val/<phase>/loss; train.keep_best may name "
+                                                       "val_loss with keep_best_mode=min); 0: none")
 
 
 class LogConfig(StrictModel):

@@ -33,10 +33,11 @@ def scan_images(root: Path) -> list[str]:
     return sorted(found)
 
 
-def split_of(relpath: str, seed: int, val_fraction: float) -> str:
-    """"train" or "val" from a hash of the path alone: stable under additions and listing order."""
+def split_of(relpath: str, seed: int, val_fraction: float, test_fraction: float = 0.0) -> str:
+    """"train", "val" or "test" from a hash of the path alone: stable under additions and listing order."""
     digest = hashlib.sha1(f"{seed}:{relpath}".encode()).digest()
-    return "val" if int.from_bytes(digest[:8], "big") / 2**64 < val_fraction else "train"
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    return "val" if u < val_fraction else "test" if u < val_fraction + test_fraction else "train"
 
 
 class ImageFolderDataset(Dataset):
@@ -48,9 +49,10 @@ class ImageFolderDataset(Dataset):
     """
 
     def __init__(self, root: str | Path, image_size: int, split: str = "train", val_fraction: float = 0.0,
-                 flip: bool = False, seed: int = 0, max_image_pixels: int | None = None) -> None:
-        if split not in ("train", "val", "all"):
-            raise ValueError(f"split={split!r}; allowed: train, val, all")
+                 flip: bool = False, seed: int = 0, max_image_pixels: int | None = None,
+                 test_fraction: float = 0.0) -> None:
+        if split not in ("train", "val", "test", "all"):
+            raise ValueError(f"split={split!r}; allowed: train, val, test, all")
         if not 0.0 <= val_fraction <= 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be in [0, 1]")
         self.root, self.image_size, self.flip = Path(root), image_size, flip
@@ -70,7 +72,7 @@ class ImageFolderDataset(Dataset):
             e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
         self.num_classes = len(self.class_names)
         if split != "all":
-            files = [f for f in files if split_of(f, seed, val_fraction) == split]
+            files = [f for f in files if split_of(f, seed, val_fraction, test_fraction) == split]
             if not files:
                 raise ValueError(f"image folder {self.root}: the {split!r} split is empty "
                                  f"(val_fraction={val_fraction}, seed={seed})")
@@ -121,7 +123,8 @@ class FolderSource(DataSource):
         if not Path(cfg.path).is_dir():
             raise FileNotFoundError(f"data.path: folder {cfg.path!r} does not exist")
         return ImageFolderDataset(cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip,
-                                  seed=0, max_image_pixels=cfg.max_image_pixels)
+                                  seed=cfg.split_seed, max_image_pixels=cfg.max_image_pixels,
+                                  test_fraction=cfg.test_fraction)
 
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         return {"path": str(Path(cfg.path).resolve()), "files": folder_listing(cfg.path)}

@@ -322,29 +322,44 @@ class ShardStream(IterableDataset):
             yield self.shards.batch([next(records) for _ in range(self.micro_batch)])
 
 
+def split_shards(urls: list[str], val_fraction: float, test_fraction: float, seed: int) -> dict[str, list[str]]:
+    """Train / val / test by whole shards (DALLE2-pytorch's `splits`, made deterministic): the shards are permuted by
+    `seed`, the first round(n·val_fraction) go to val (at least one when val_fraction > 0), the next
+    round(n·test_fraction) to test (likewise), the rest to train; each split keeps the spec's order. ValueError when
+    train would be left without a shard."""
+    n = len(urls)
+    n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
+    n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
+    if n_val + n_test >= n:
+        raise ValueError(f"data.path names {n} shard(s): too few to hold out {n_val} for data.val_fraction="
+                         f"{val_fraction} and {n_test} for data.test_fraction={test_fraction} and train on the rest")
+    order = np.random.default_rng(seed).permutation(n)
+    chosen = {"val": set(order[:n_val].tolist()), "test": set(order[n_val : n_val + n_test].tolist())}
+    chosen["train"] = set(range(n)) - chosen["val"] - chosen["test"]
+    return {split: [url for i, url in enumerate(urls) if i in members] for split, members in chosen.items()}
+
+
 class ShardsSource(DataSource):
-    """`data.source: shards`: webdataset shards, streamed; no held-out split (held-out images are the first
-    records of the training shards, in order)."""
+    """`data.source: shards`: webdataset shards, streamed; split into train / val / test by whole shards
+    (`split_shards`). Without a val split, held-out images are the first records of the training shards, in order."""
 
     name = "shards"
     path_help = "webdataset shards, e.g. data/train-{000000..000127}.tar"
     resize = ADM_RESIZE
 
-    def check(self, cfg: DataConfig) -> None:
-        super().check(cfg)
-        if cfg.val_fraction > 0:
-            raise ValueError("data.val_fraction does not apply to data.source='shards' (held-out images are read "
-                             "from the training shards); set it to 0")
-
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ShardDataset:
-        if split == "val":
-            raise ValueError(f"data.source=shards ({cfg.path}) has no held-out split")
-        return ShardDataset(cfg.path, cfg.image_size, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
+        spec = cfg.path
+        if cfg.val_fraction > 0 or cfg.test_fraction > 0:
+            splits = split_shards(check_shards(cfg.path), cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
+            if split not in splits:
+                raise ValueError(f"split={split!r}; allowed: {', '.join(splits)}")
+            spec = "::".join(splits[split])
+        elif split != "train":
+            raise ValueError(f"data.source=shards ({cfg.path}) has no {split!r} split: set data.val_fraction / "
+                             "data.test_fraction")
+        return ShardDataset(spec, cfg.image_size, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
                             max_image_pixels=cfg.max_image_pixels, world_size=world_size,
                             num_workers=cfg.num_workers)
-
-    def heldout_split(self, cfg: DataConfig) -> str:
-        return "train"
 
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         spec = absolute_spec(cfg.path)

@@ -29,8 +29,9 @@ from tqdm.auto import tqdm
 from genforge.core.config import DataConfig, EvalConfig, LogConfig, TrainConfig
 from genforge.core.random import BatchRandom, global_rng_state, set_global_rng_state
 from genforge.core.task import Task
-from genforge.data.base import DataInfo
-from genforge.data.loader import SkipLog, build_dataset, build_train_batches, data_info, dataset_size
+from genforge.data.base import DataInfo, collate
+from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, data_info, dataset_size,
+                                  heldout_samples)
 from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, load_state, load_tensors,
                                         nonfinite_tensors, read_json, save_state, save_tensors, step_dir_name)
 from genforge.engine.consistency import first_difference
@@ -386,13 +387,40 @@ class Trainer:
         self.logger.image(self.step, "samples", path)
         return path
 
+    @torch.no_grad()
+    def validation_loss(self) -> dict[str, float]:
+        """The loss of every phase on the first `eval.val_loss_batches` held-out batches (the val split where the
+        data has one), each with the same noise at every evaluation, so values are comparable across steps."""
+        tc, batches = self.run.train, self.run.eval.val_loss_batches
+        samples = list(heldout_samples(self.run.data, batches * tc.batch_size))
+        if not samples:
+            raise TrainingError(f"eval.val_loss_batches={batches}: no readable held-out samples")
+        totals = {phase: 0.0 for phase in self.task.phases}
+        chunks = [samples[i : i + tc.batch_size] for i in range(0, len(samples), tc.batch_size)]
+        for index, chunk in enumerate(chunks):
+            batch = collate(chunk)
+            batch.pop("skipped")
+            batch = {k: v.to(self.accelerator.device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+            for phase_index, phase in enumerate(self.task.phases):
+                batch["rng"] = BatchRandom(tc.seed, index, phase_index, len(chunk), 0, len(chunk), self.accelerator.device)
+                with self.accelerator.autocast():
+                    totals[phase] += float(self.task.loss(batch, phase, self.step)[0]) / len(chunks)
+        results = {f"val/{phase}/loss": value for phase, value in totals.items()}
+        results["val_loss"] = sum(totals.values())
+        return results
+
     def evaluate(self) -> dict[str, Any]:
-        """Evaluation metrics of the EMA weights. Every rank takes part (generators: each samples its share, see
-        genforge.eval.run); the main process writes and logs the results, the others get an empty dict."""
+        """Evaluation metrics of the EMA weights (and the validation loss, with eval.val_loss_batches). Every rank
+        takes part (generators: each samples its share, see genforge.eval.run); the main process writes and logs the
+        results, the others get an empty dict."""
         self.task.eval()
+        results: dict[str, Any] = {}
         with self.ema.swapped_in():
-            results = evaluate_task(self.task, self.run.data, self.run.eval, self.run.eval.metrics, self.run.eval.n,
-                                    seed=self.run.train.seed, device=self.accelerator.device)
+            if self.run.eval.metrics != []:
+                results = evaluate_task(self.task, self.run.data, self.run.eval, self.run.eval.metrics,
+                                        self.run.eval.n, seed=self.run.train.seed, device=self.accelerator.device)
+            if self.run.eval.val_loss_batches:
+                results.update(self.validation_loss())
         self.task.train()
         if not self.accelerator.is_main_process:
             return {}

@@ -17,9 +17,9 @@ from genforge.app.config import load_config
 from genforge.core.config import DataConfig, TrainConfig
 from genforge.app.encode import encode_dataset
 from genforge.data.cache import CacheDataset
-from genforge.data.loader import build_dataset, build_train_batches, dataset_size
+from genforge.data.loader import build_dataset, build_train_batches, dataset_size, heldout_split
 from genforge.data.shapes import ShapesDataset, write_shapes_shards
-from genforge.data.shards import DataError, decode_record
+from genforge.data.shards import DataError, decode_record, split_shards
 from genforge.app.runs import load_codec
 from genforge.eval.run import heldout_batches
 from genforge.testing import same_run
@@ -92,8 +92,29 @@ def test_too_few_shards_or_a_missing_one_is_a_clear_error(tmp_path):
         build_dataset(_data(str(tmp_path / "part-{000..005}.tar")))
     with pytest.raises(ValueError, match="data.path .*webdataset shards.* is required"):
         DataConfig(source="shards")
-    with pytest.raises(ValueError, match="val_fraction does not apply"):
-        DataConfig(source="shards", path=spec, val_fraction=0.1)
+    with pytest.raises(ValueError, match="too few to hold out"):
+        build_dataset(DataConfig(source="shards", path=spec, val_fraction=0.5, test_fraction=0.4, num_workers=0))
+
+
+def test_shard_splits_are_disjoint_complete_and_deterministic(tmp_path):
+    """train / val / test cut a seeded permutation of the shards: the same seed gives the same split, another
+    seed another one; every shard is in exactly one split; a val split streams and reads like any other."""
+    urls = [f"s-{i:03d}.tar" for i in range(20)]
+    splits = split_shards(urls, 0.15, 0.1, seed=3)
+    assert [len(splits[k]) for k in ("train", "val", "test")] == [15, 3, 2]
+    assert sorted(sum(splits.values(), [])) == urls
+    assert splits == split_shards(urls, 0.15, 0.1, seed=3)
+    assert splits["val"] != split_shards(urls, 0.15, 0.1, seed=4)["val"]
+    assert all(split == sorted(split) for split in splits.values())  # the spec's order within a split
+    assert split_shards(urls[:3], 0.01, 0.0, seed=0)["val"]  # a small share still holds out one shard
+
+    spec = _write_shards(tmp_path, [2, 3, 2, 4])
+    data = DataConfig(source="shards", path=spec, val_fraction=0.25, test_fraction=0.25, split_seed=1,
+                      num_workers=0)
+    keys = {split: {s["key"].split("/")[0] for s in build_dataset(data, split=split)}
+            for split in ("train", "val", "test")}
+    assert [len(k) for k in keys.values()] == [2, 1, 1] and not keys["val"] & keys["train"]
+    assert heldout_split(data) == "val"
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -3,6 +3,7 @@ learned variance under bf16 and the config checks."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -164,3 +165,23 @@ def test_learned_variance_loss_is_finite_under_bf16_autocast():
     assert torch.isfinite(terms["loss"]).all() and torch.isfinite(terms["vb"]).all()
     terms["loss"].mean().backward()
     assert all(torch.isfinite(p.grad).all() for p in task.cascade[0].parameters() if p.grad is not None)
+
+
+def test_validation_loss_is_logged_and_keeps_the_best_checkpoint(tmp_path):
+    """eval.val_loss_batches: the held-out loss of each phase at every evaluation, written with the eval results
+    and usable as train.keep_best (lower is better)."""
+    overrides = ["train.steps=4", "train.checkpoint_every=2", "train.sample_every=0", "eval.every=2",
+                 "eval.metrics=[]", "eval.val_loss_batches=2", "train.keep_best=val_loss", "train.keep_best_mode=min"]
+    trainer = make_trainer(load_config(PRESET, overrides), tmp_path)
+    trainer.fit()
+    results = [json.loads((tmp_path / "eval" / f"{s}.json").read_text()) for s in (2, 4)]
+    for r in results:
+        assert {"val/unet1/loss", "val/unet2/loss", "val_loss"} <= set(r)
+        assert r["val_loss"] == pytest.approx(r["val/unet1/loss"] + r["val/unet2/loss"])
+    best = json.loads((tmp_path / "checkpoints" / "best").read_text())
+    assert best["value"] == pytest.approx(min(r["val_loss"] for r in results))
+    again = trainer.validation_loss()  # fixed noise and data: the same weights give the same value
+    assert again == trainer.validation_loss()
+    bad = CliRunner().invoke(app, ["train", PRESET, "--dry-run", "--set", "train.keep_best=val_loss", "--set",
+                                   "eval.every=2", "--set", "train.keep_best_mode=min"])
+    assert bad.exit_code == 2 and "val_loss: with eval.val_loss_batches" in bad.stderr
