@@ -60,10 +60,18 @@ class DataConfig(StrictModel):
     max_image_pixels: int = Field(89_478_485, gt=0, description="larger images are refused as decompression bombs")
     shuffle_buffer: int = Field(1000, ge=0, description="source=shards: records shuffled within each worker's "
                                                         "stream (0: shard order only)")
+    image_embeds: str | None = Field(None, description="source=shards: a folder of per-shard image-embedding files "
+                                                       "<prefix>_<shard number>.npy (DALLE2-pytorch's / clip-retrieval's "
+                                                       "img_emb layout): row int(key[-embed_index_width:]) of the file "
+                                                       "numbered like the record's shard is its image_embed")
+    embed_index_width: int = Field(4, ge=1, le=12, description="source=shards with image_embeds: digits of a record "
+                                                                "key that give its row (img2dataset: 4)")
     shapes: ShapesConfig = ShapesConfig()
 
     @model_validator(mode="after")
     def _source_checks(self) -> "DataConfig":
+        if self.image_embeds is not None and self.source != "shards":
+            raise ValueError(f"data.image_embeds applies to data.source=shards, not {self.source}")
         if self.val_fraction + self.test_fraction >= 1:
             raise ValueError(f"data.val_fraction + data.test_fraction = {self.val_fraction + self.test_fraction:g} "
                              "must be < 1 (something must be left to train on)")

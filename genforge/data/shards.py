@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -138,6 +140,44 @@ def read_shard(url: str) -> Iterator[Record]:
                 raise
 
 
+# ------------------------------------------------------------------------------------ separate embeddings
+class ShardEmbeddings:
+    """Image embeddings kept beside the shards, one .npy [records, D] per shard (DALLE2-pytorch's
+    `embeddings_url`, clip-retrieval's img_emb/img_emb_<n>.npy): the file numbered like the shard (its name without
+    .tar, a number) holds the record with key K in row int(K[-index_width:]); an all-zero row means no embedding."""
+
+    PATTERN = re.compile(r"^(.*?)(\d+)\.npy$")
+
+    def __init__(self, folder: str | Path, index_width: int) -> None:
+        self.folder, self.index_width = Path(folder), index_width
+        if not self.folder.is_dir():
+            raise FileNotFoundError(f"data.image_embeds: folder {self.folder} does not exist")
+        self.files = {int(m.group(2)): self.folder / name for name in sorted(os.listdir(self.folder))
+                      if (m := self.PATTERN.match(name))}
+        if not self.files:
+            raise ValueError(f"data.image_embeds: {self.folder} holds no <prefix>_<number>.npy embedding files")
+        self._open: dict[int, np.ndarray] = {}
+
+    def row(self, url: str, key: str) -> torch.Tensor:
+        """The embedding [D] of record `key` of shard `url` (ValueError when there is none)."""
+        name = shard_name(url)
+        if not name.isdigit():
+            raise ValueError(f"shard {name!r}: data.image_embeds needs shards named by their number, e.g. 00012.tar")
+        shard = int(name)
+        if shard not in self._open:
+            if shard not in self.files:
+                raise ValueError(f"no embedding file numbered {shard} in {self.folder}")
+            self._open = {shard: np.load(self.files[shard], mmap_mode="r", allow_pickle=False)}  # one open at a time
+        index = key[-self.index_width:]
+        if not index.isdigit():
+            raise ValueError(f"key {key!r}: its last {self.index_width} characters (data.embed_index_width) are not "
+                             "a row number")
+        table = self._open[shard]
+        if int(index) >= len(table) or not np.any(table[int(index)]):
+            raise ValueError(f"no embedding for key {key!r} (row {int(index)} of {self.files[shard].name})")
+        return torch.from_numpy(np.array(table[int(index)], dtype=np.float32))
+
+
 # ---------------------------------------------------------------------------------------------- records
 def _text(data: bytes) -> str:
     return data.decode("utf-8").strip()
@@ -220,9 +260,11 @@ class ShardDataset(IterableDataset):
     num_classes = 0  # unknown without reading every record; a model config names its own
 
     def __init__(self, spec: str, image_size: int, flip: bool = False, shuffle_buffer: int = 1000,
-                 max_image_pixels: int | None = None, world_size: int | None = None, num_workers: int = 0) -> None:
+                 max_image_pixels: int | None = None, world_size: int | None = None, num_workers: int = 0,
+                 embeddings: ShardEmbeddings | None = None) -> None:
         self.spec, self.image_size, self.flip = spec, image_size, flip
         self.shuffle_buffer, self.max_image_pixels = shuffle_buffer, max_image_pixels
+        self.embeddings = embeddings  # image embeddings kept beside the shards, if any
         self.urls = check_shards(spec)
         self.slots = None
         if world_size is not None:
@@ -231,8 +273,13 @@ class ShardDataset(IterableDataset):
 
     def decode(self, url: str, record: Record, aug_seed: int | None) -> dict[str, Any]:
         key = f"{shard_name(url)}/{record['__key__']}"
-        return decode_record(record, key, self.image_size, self.flip, aug_seed,
-                             self.max_image_pixels)
+        sample = decode_record(record, key, self.image_size, self.flip, aug_seed, self.max_image_pixels)
+        if self.embeddings is not None and "bad" not in sample:
+            try:
+                sample["image_embed"] = self.embeddings.row(url, record["__key__"])
+            except ValueError as err:
+                return {"key": key, "bad": f"ValueError: {err}"}
+        return sample
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -357,9 +404,10 @@ class ShardsSource(DataSource):
         elif split != "train":
             raise ValueError(f"data.source=shards ({cfg.path}) has no {split!r} split: set data.val_fraction / "
                              "data.test_fraction")
+        embeddings = ShardEmbeddings(cfg.image_embeds, cfg.embed_index_width) if cfg.image_embeds else None
         return ShardDataset(spec, cfg.image_size, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
                             max_image_pixels=cfg.max_image_pixels, world_size=world_size,
-                            num_workers=cfg.num_workers)
+                            num_workers=cfg.num_workers, embeddings=embeddings)
 
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         spec = absolute_spec(cfg.path)

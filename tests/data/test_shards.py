@@ -259,3 +259,30 @@ def test_cli_writes_shapes_shards_and_refuses_too_few(tmp_path):
     out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(tmp_path / "run"), "--set", "data.source=shards",
                               "--set", f"data.path={pattern}", "--set", "data.num_workers=4"])
     assert out.exit_code == 2 and "3 shard(s), fewer than processes x data.num_workers = 1 x 4" in out.output
+
+
+def test_separate_embedding_files_in_the_dalle2_layout(tmp_path):
+    """Shards named by number with img2dataset keys <shard><index:4>; embeddings in img_emb_<shard>.npy, row = the
+    key's last 4 digits; a record whose row is all zeros (no embedding) is skipped and reported."""
+    shards, embeds = tmp_path / "shards", tmp_path / "img_emb"
+    shards.mkdir(), embeds.mkdir()
+    table = {}
+    for shard in range(2):
+        rows = np.random.default_rng(shard).normal(size=(3, 6)).astype(np.float16)
+        rows[2] = 0  # record 2 of each shard has no embedding
+        np.save(embeds / f"img_emb_{shard}.npy", rows)
+        with TarWriter(str(shards / f"{shard:05d}.tar")) as sink:
+            for index in (1, 0, 2):  # rows follow the key, not the order in the tar
+                key = f"{shard:05d}{index:04d}"
+                sink.write({"__key__": key, "png": _png(index), "txt": key})
+                table[key] = rows[index]
+    data = DataConfig(source="shards", path=str(shards / "{00000..00001}.tar"), image_embeds=str(embeds),
+                      num_workers=0)
+    samples = list(build_dataset(data))
+    good = [s for s in samples if "bad" not in s]
+    assert len(good) == 4 and len(samples) == 6
+    for s in good:
+        assert torch.allclose(s["image_embed"], torch.from_numpy(table[s["text"]].astype(np.float32)))
+    assert all("no embedding for key" in s["bad"] for s in samples if "bad" in s)
+    with pytest.raises(ValueError, match="data.image_embeds applies to data.source=shards"):
+        DataConfig(source="shapes", image_embeds=str(embeds))
