@@ -21,6 +21,7 @@ from genforge.core.files import TMP_PREFIX, fsync_dir, fsync_tree, write_atomica
 from genforge.core.registry import CACHE_KINDS
 from genforge.data.base import CacheError, source_of
 from genforge.data.cache import MANIFEST, SHARD_PATTERN, CacheManifest, Preprocessing
+from genforge.data.images import png_bytes
 from genforge.data.loader import build_dataset, dataset_size
 from genforge.data.text_embeds import write_text_embeds
 from genforge.text.base import TextEncoder
@@ -76,7 +77,8 @@ def _frozen_text_encoder(cfg: TextEncoderConfig, device: torch.device | str) -> 
 def _encode(codec: nn.Module, images: Tensor, info: CodecInfo) -> np.ndarray:
     """Codes of a batch as the cache kind stores them (float16 latents [b, C, h, w], int16/int32 ids [b, h, w])."""
     try:
-        return CACHE_KINDS.get(info.kind).store(codec.encode(images), info.codebook_size)
+        kind = CACHE_KINDS.get(info.kind)
+        return kind.store(kind.encode(codec, images), info.codebook_size)
     except CacheError as err:
         raise CacheError(f"{info.run_dir}: {err}") from None
 
@@ -85,7 +87,7 @@ def _write_shards(codec: nn.Module, info: CodecInfo, data: DataConfig, dataset: 
                   flip: bool, batch_size: int, shard_size: int, device: torch.device | str,
                   progress: bool, captions: dict[str, None] | None = None) -> CacheManifest:
     """Write the shards into `folder`; the distinct captions written (flipped ones too) are added to `captions`."""
-    field = info.kind  # "latent" or "tokens"
+    kind = CACHE_KINDS.get(info.kind)
     mirror = getattr(dataset, "mirror_text", None)  # the caption of the flipped image, where a source has one
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=data.num_workers, collate_fn=list)
     shards: list[str] = []
@@ -109,9 +111,11 @@ def _write_shards(codec: nn.Module, info: CodecInfo, data: DataConfig, dataset: 
                 raise CacheError(f"{info.run_dir} encoded images of one size to codes of shapes {first.shape[1:]} "
                                  f"and {codes.shape[1:]}")
             for i, s in enumerate(good):
-                record = {"__key__": f"{count:09d}", f"{field}.npy": codes[i], "key.txt": s["key"]}
+                record = {"__key__": f"{count:09d}", kind.key: codes[i], "key.txt": s["key"]}
                 if flipped is not None:
-                    record[f"{field}_flip.npy"] = flipped[i]
+                    record[kind.flip_key] = flipped[i]
+                if kind.with_image:
+                    record["png"] = png_bytes(images[i])
                 if "label" in s:
                     record["cls"] = int(s["label"])
                     top_label = max(top_label, int(s["label"]))

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 import torch
+from PIL import Image
 from pydantic import ValidationError
 from torch import Tensor
 from torch.utils.data import Dataset
@@ -32,7 +33,7 @@ from genforge.core.codec import CodecInfo
 from genforge.core.config import DataConfig, StrictModel
 from genforge.core.registry import CACHE_KINDS, DATA_SOURCES
 from genforge.data.base import CacheError, DataInfo, DataSource
-from genforge.data.images import flip_drawn
+from genforge.data.images import flip_drawn, to_tensor
 from genforge.data.text_embeds import TextEmbeds
 
 MANIFEST = "cache.json"
@@ -42,15 +43,28 @@ SHARD_PATTERN = "shard-%06d.tar"
 # ------------------------------------------------------------------------------------------------ cache kinds
 @dataclass(frozen=True)
 class CacheKind:
-    """One kind of cached codes: how a batch of codes is stored (`store`: codes, codebook size -> the array written,
-    CacheError when it cannot be), which Batch field a sample's row becomes (`field`, by `to_sample`), and the
-    channels a generator sees (`channels` of the stored shape of one sample)."""
+    """One kind of cached codes: how a codec makes them from images (`encode`), how a batch of codes is stored
+    (`store`: codes, codebook size -> the array written, CacheError when it cannot be) and under which record key
+    (`record_key`, `record_key_flip` for the flipped image's), which Batch field a sample's row becomes (`field`, by
+    `to_sample`), the channels a generator sees (`channels` of the stored shape of one sample), and whether the
+    source image is kept beside the codes (`with_image`: a generator that needs both, the DALL·E 2 decoder)."""
 
     name: str
     field: str
     store: Callable[[Tensor, int], np.ndarray]
     to_sample: Callable[[Tensor], Tensor]
     channels: Callable[[list[int]], int]
+    encode: Callable[[Any, Tensor], Tensor] = lambda codec, images: codec.encode(images)
+    record_key: str = ""  # default "<name>.npy"
+    with_image: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.record_key or f"{self.name}.npy"
+
+    @property
+    def flip_key(self) -> str:
+        return self.key.replace(".npy", "") + "_flip.npy"
 
 
 def _store_latents(codes: Tensor, codebook_size: int) -> np.ndarray:
@@ -69,6 +83,10 @@ CACHE_KINDS.register("latent", CacheKind("latent", "latent", _store_latents, lam
                                          lambda shape: shape[0]))
 CACHE_KINDS.register("tokens", CacheKind("tokens", "tokens", _store_tokens, lambda row: row.long().flatten(),  # [h·w]
                                          lambda shape: 0))
+# image embeddings [D] beside the image itself: the records are also DALLE2-pytorch-style shards (png + npy + txt)
+CACHE_KINDS.register("image_embed", CacheKind("image_embed", "image_embed", _store_latents, lambda row: row.float(),
+                                              lambda shape: 3, encode=lambda codec, images: codec.embed_images(images),
+                                              record_key="npy", with_image=True))
 
 
 class Preprocessing(StrictModel):
@@ -152,7 +170,7 @@ def check_cache(data: DataInfo, codec: CodecInfo, path: str | None) -> None:
             f"  cache:     encoder_hash {data.encoder_hash} ({writer})\n"
             f"  tokenizer: encoder_hash {codec.encoder_hash} ({codec.checkpoint})\n"
             f"re-encode it (genforge encode {codec.run_dir} --out NEW_DIR) or configure the tokenizer that wrote it")
-    if data.channels != codec.channels:
+    if data.kind == "latent" and data.channels != codec.channels:
         raise CacheError(f"the cache in {path} holds {data.channels}-channel latents, the tokenizer {codec.run_dir} "
                          f"makes {codec.channels}")
 
@@ -190,16 +208,18 @@ class CacheDataset(Dataset):
         self.manifest = m = manifest or read_manifest(self.root)
         _check_flip(m, flip, self.root)
         self.flip, self.kind, self.num_classes = flip, CACHE_KINDS.get(m.kind), m.num_classes
-        codes, flipped, labels, texts, texts_flip, keys = [], [], [], [], [], []
+        codes, flipped, labels, texts, texts_flip, keys, images = [], [], [], [], [], [], []
         for name in m.shards:
             shard = self.root / name
             if not shard.is_file():
                 raise CacheError(f"{shard} is missing (listed in {self.root / MANIFEST})")
             try:
                 for record in _shard_records(shard):
-                    codes.append(_array(record[f"{m.kind}.npy"], m))
+                    codes.append(_array(record[self.kind.key], m))
                     if flip:
-                        flipped.append(_array(record[f"{m.kind}_flip.npy"], m))
+                        flipped.append(_array(record[self.kind.flip_key], m))
+                    if self.kind.with_image:
+                        images.append(np.asarray(Image.open(io.BytesIO(record["png"])).convert("RGB")))
                     if m.num_classes:
                         labels.append(int(record["cls"]))
                     text = record["txt"].decode() if "txt" in record else None
@@ -215,6 +235,7 @@ class CacheDataset(Dataset):
         self.labels = torch.tensor(labels) if m.num_classes else None
         self.texts = texts if any(t is not None for t in texts) else None
         self.texts_flip, self.keys = texts_flip, keys
+        self.images = torch.from_numpy(np.stack(images)) if images else None  # uint8 [N, H, W, 3]
         self.text_embeds = TextEmbeds(self.root, m.text_encoder) if m.text_encoder else None
         if self.text_embeds is not None:
             self.text_rows, self.text_rows_flip = self.text_embeds.rows(texts), self.text_embeds.rows(texts_flip)
@@ -228,6 +249,9 @@ class CacheDataset(Dataset):
         codes = (self.codes_flip if flipped else self.codes)[index]
         sample: dict[str, Any] = {"key": self.keys[index]}
         sample[self.kind.field] = self.kind.to_sample(codes)
+        if self.images is not None:
+            image = to_tensor(self.images[index].numpy())  # [3, H, W] in [-1, 1]
+            sample["image"] = image.flip(-1) if flipped else image
         if self.labels is not None:
             sample["label"] = int(self.labels[index])
         if self.texts is not None and self.texts[index] is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +81,11 @@ def to_tensor(image: Image.Image | np.ndarray) -> torch.Tensor:
     arr = np.array(image, dtype=np.uint8)  # a writable, contiguous copy
     tensor = torch.from_numpy(arr).float().div_(127.5).sub_(1.0)
     return tensor.movedim(-1, -3)
+
+
+def png_bytes(image: torch.Tensor) -> bytes:
+    """A float image [3, H, W] in [-1, 1] as PNG file bytes (lossless: `to_tensor` of the decoded file gives it
+    back to within the uint8 rounding)."""
+    buffer = io.BytesIO()
+    Image.fromarray(to_uint8(image).movedim(0, -1).cpu().numpy()).save(buffer, format="PNG")
+    return buffer.getvalue()

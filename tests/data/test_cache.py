@@ -8,7 +8,9 @@ import torch
 from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
 
 from genforge.app.config import ConfigError, load_config
+from genforge.core.codec import CodecInfo
 from genforge.core.config import DataConfig
+from genforge.nn.codec import PooledPixelEmbedder
 from genforge.app.encode import encode_dataset
 from genforge.data.cache import MANIFEST, CacheDataset, CacheError, read_manifest
 from genforge.data.loader import StepBatchSampler, build_dataset, data_info
@@ -177,3 +179,30 @@ def test_dit_refuses_the_cache_of_another_tokenizer(tmp_path, fake_tokenizer):
 def test_config_errors_name_the_fields(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config("dit-latent-debug", overrides)
+
+
+def test_image_embedding_cache_keeps_the_image_and_reads_as_dalle2_shards(tmp_path):
+    """An ImageEmbedder's cache (kind image_embed): each record holds the embedding of the image and of its mirror
+    image, and the image itself (png), so the decoder trains on both; the same shards read as DALLE2-pytorch-style
+    webdataset shards (png + npy + txt + cls)."""
+    embedder = PooledPixelEmbedder(grid=2, image_size=16)
+    info = CodecInfo(kind="image_embed", run_dir="stand-in", family="clip", step=0, checkpoint="-",
+                     encoder_hash="0" * 64, channels=embedder.embed_dim, codebook_size=0, downsample=0, image_size=16)
+    data = DataConfig(source="shapes", image_size=16, num_workers=0, shapes={"n": 12})
+    encode_dataset(embedder, info, data, tmp_path / "cache", flip=True, batch_size=5)
+    manifest = read_manifest(tmp_path / "cache")
+    assert manifest.kind == "image_embed" and manifest.shape == [12] and manifest.data_info().channels == 3
+    cache = CacheDataset(tmp_path / "cache", flip=True)
+    source = build_dataset(data, flip=False)
+    for i in range(12):
+        sample = cache[i]
+        assert torch.allclose(sample["image"], source[i]["image"], atol=1 / 127.5)  # png: lossless to uint8
+        expected = embedder.embed_images(sample["image"][None])[0]
+        assert torch.allclose(sample["image_embed"], expected, atol=1e-3)  # float16 storage
+    flipped = next(cache[(i, seed)] for i in range(12) for seed in range(20) if cache[(i, seed)]["image"].ne(
+        cache[i]["image"]).any())
+    assert torch.allclose(flipped["image_embed"], embedder.embed_images(flipped["image"][None])[0], atol=1e-3)
+    shards = DataConfig(source="shards", path=str(tmp_path / "cache" / "shard-000000.tar"), image_size=16,
+                        num_workers=0)
+    records = list(build_dataset(shards))
+    assert len(records) == 12 and all(r["image_embed"].shape == (12,) for r in records)

@@ -107,6 +107,9 @@ class Dalle2DecoderConfig(FamilyConfig):
         if self.stages[-1].image_size != data.image_size:
             raise ValueError(f"model.stages[-1].image_size={self.stages[-1].image_size} must equal "
                              f"data.image_size={data.image_size} (the cascade ends at the data's resolution)")
+        if data.source == "cache" and self.embedder.source != "clip_run":
+            raise ValueError("data.source=cache needs model.embedder.source=clip_run, naming the clip run that wrote "
+                             "the cache (`genforge encode RUN`): its embeddings are checked against it")
         if self.embedder.source == "data" and data.source != "shards":
             raise ValueError("model.embedder.source='data' reads .npy embeddings from webdataset shards: set "
                              f"data.source=shards (got {data.source})")

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task
-from genforge.data.loader import heldout_batch
+from genforge.data.loader import heldout_batch, image_data
 from genforge.data.previews import interleave_rows
 from genforge.diffusion import SAMPLERS, GaussianDiffusion
 from genforge.diffusion.config import DiffusionConfig
@@ -46,6 +46,8 @@ class Dalle2DecoderTask(Task):
         elif cfg.embedder.source == "pooled":
             self.embedder = PooledPixelEmbedder(cfg.embedder.grid, ctx.data.image_size, self.channels)
         embed_dim = self.embedder.embed_dim if self.embedder is not None else cfg.embedder.dim
+        # the batch's own embeddings: .npy in the shards, or a cache the configured clip run wrote (hash-checked)
+        self.embeds_in_data = cfg.embedder.source == "data" or ctx.info.kind == "image_embed"
         text_dim = 0
         if cfg.text is not None:
             encoder = build_text_encoder(cfg.text)
@@ -70,14 +72,21 @@ class Dalle2DecoderTask(Task):
 
     # -------------------------------------------------------------------------------------------- conditions
     def image_embeds(self, batch: Batch) -> Tensor:
-        """The image embeddings [B, D] of a batch: the data's (.npy in shards) or the frozen embedder's."""
-        if self.embedder is None:
+        """The image embeddings [B, D] of a batch: the data's (.npy in shards, or a `genforge encode` cache of the
+        configured clip run) or the frozen embedder's."""
+        if self.embeds_in_data:
             if "image_embed" not in batch:
-                raise ValueError("model.embedder.source='data' but the batch has no image_embed (.npy next to each "
-                                 "image in the shards)")
+                raise ValueError("the batch has no image_embed (model.embedder.source='data' needs .npy embeddings "
+                                 "next to each image in the shards, or data.image_embeds)")
             return batch["image_embed"].float()
-        with torch.no_grad():
-            return self.embedder.embed_images(batch["image"]).float()
+        return self.embed_images(batch["image"])
+
+    @torch.no_grad()
+    def embed_images(self, images: Tensor) -> Tensor:
+        """The frozen embedder's embeddings [B, D] of images [B, C, H, W] in [-1, 1]."""
+        if self.embedder is None:
+            raise ValueError("model.embedder.source='data' has no image embedder: give embeddings, not images")
+        return self.embedder.embed_images(images).float()
 
     def conditioning(self, cond: Batch, embeds: Tensor, image_keep: Tensor, text_keep: Tensor) -> dict[str, Tensor]:
         """U-Net kwargs of every stage: the image embeddings [B, D] and, with a text encoder, the encodings of
@@ -134,7 +143,7 @@ class Dalle2DecoderTask(Task):
             image = resize(opts["image"], self.cfg.stages[-1].image_size)
             cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])
         else:
-            cond = heldout_batch(self.data_cfg, n)
+            cond = heldout_batch(image_data(self.data_cfg) or self.data_cfg, n)  # a cache: the images it encoded
             cond = {k: v for k, v in cond.items() if k in ("image", "label", "text", "image_embed")}
             if len(cond["image"]) < n:  # a small held-out split: cycle through it
                 index = torch.arange(n) % len(cond["image"])
@@ -143,7 +152,7 @@ class Dalle2DecoderTask(Task):
         if self.cfg.text is not None and "text" not in cond:
             cond["text"] = [""] * n
         cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
-        cond["image_embed"] = cond["image_embed"].float() if "image_embed" in cond else self.image_embeds(cond)
+        cond["image_embed"] = cond["image_embed"].float() if "image_embed" in cond else self.embed_images(cond["image"])
         return Batch(**cond)
 
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
