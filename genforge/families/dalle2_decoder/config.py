@@ -43,22 +43,27 @@ class StageConfig(StrictModel):
 
 
 class EmbedderConfig(StrictModel):
-    """Where the image embeddings come from: a genforge `clip` run (its EMA weights, frozen), the data itself
+    """Where the image embeddings come from: a genforge `clip` run (its EMA weights, frozen), a pretrained CLIP
+    (transformers' CLIPModel in a local directory: OpenAI's or LAION's weights, kept out of the checkpoints), the data
+    itself
     (`.npy` embeddings next to each image in webdataset shards, DALLE2-pytorch's precomputed layout), or the
     parameter-free `pooled` stand-in (each image pooled to grid×grid colours; tests and smoke runs)."""
 
-    source: Literal["clip_run", "data", "pooled"] = "clip_run"
-    path: str | None = Field(None, description="source=clip_run: the run directory of a trained clip model")
+    source: Literal["clip_run", "clip_pretrained", "data", "pooled"] = "clip_run"
+    path: str | None = Field(None, description="source=clip_run: the run directory of a trained clip model; "
+                                               "clip_pretrained: a local transformers CLIPModel checkpoint directory")
     dim: int | None = Field(None, gt=0, description="source=data: the embeddings' width D")
     grid: int = Field(4, ge=1, le=16, description="source=pooled: pooled colours per side (D = 3·grid²)")
 
     @model_validator(mode="after")
     def _fields_fit_the_source(self) -> "EmbedderConfig":
-        if self.source == "clip_run" and not self.path:
-            raise ValueError("model.embedder.path (a clip run directory) is required when model.embedder.source is "
-                             "'clip_run'")
-        if self.source != "clip_run" and self.path is not None:
-            raise ValueError(f"model.embedder.path applies to model.embedder.source=clip_run, not {self.source}")
+        with_path = ("clip_run", "clip_pretrained")
+        if self.source in with_path and not self.path:
+            raise ValueError(f"model.embedder.path (a clip run directory or a local CLIPModel checkpoint) is required "
+                             f"when model.embedder.source is {self.source!r}")
+        if self.source not in with_path and self.path is not None:
+            raise ValueError(f"model.embedder.path applies to model.embedder.source=clip_run or clip_pretrained, not "
+                             f"{self.source}")
         if (self.source == "data") != (self.dim is not None):
             raise ValueError("model.embedder.dim (the width of the .npy embeddings) is required with, and only "
                              "with, model.embedder.source='data'")

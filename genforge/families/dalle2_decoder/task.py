@@ -23,6 +23,7 @@ from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
 from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
 from genforge.nn.codec import PooledPixelEmbedder
+from genforge.text.clip_embedder import PretrainedClipEmbedder
 from genforge.text.encoders import attach_text_encoder, build_text_encoder
 
 AUGMENTATION_STEPS = 1000  # the noise-augmentation schedule's steps (levels are shares of it)
@@ -43,6 +44,8 @@ class Dalle2DecoderTask(Task):
         self.embedder: nn.Module | None = None  # a frozen ImageEmbedder (genforge.core.codec); None: the data's
         if cfg.embedder.source == "clip_run":
             self.embedder = ctx.codecs["model.embedder.path"][0]
+        elif cfg.embedder.source == "clip_pretrained":  # large and frozen: outside the module tree and checkpoints
+            object.__setattr__(self, "embedder", PretrainedClipEmbedder(cfg.embedder.path))
         elif cfg.embedder.source == "pooled":
             self.embedder = PooledPixelEmbedder(cfg.embedder.grid, ctx.data.image_size, self.channels)
         embed_dim = self.embedder.embed_dim if self.embedder is not None else cfg.embedder.dim
@@ -86,6 +89,8 @@ class Dalle2DecoderTask(Task):
         """The frozen embedder's embeddings [B, D] of images [B, C, H, W] in [-1, 1]."""
         if self.embedder is None:
             raise ValueError("model.embedder.source='data' has no image embedder: give embeddings, not images")
+        if isinstance(self.embedder, PretrainedClipEmbedder):  # outside the module tree: it follows the images
+            self.embedder.to(images.device)
         return self.embedder.embed_images(images).float()
 
     def conditioning(self, cond: Batch, embeds: Tensor, image_keep: Tensor, text_keep: Tensor) -> dict[str, Tensor]:
