@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import typer
@@ -16,6 +17,7 @@ from genforge.app.config import ConfigError, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
 from genforge.app.runs import build_task, count_parameters, load_codec, load_run, make_trainer, missing_inputs
 from genforge.data.cache import MANIFEST, manifest_summary
+from genforge.data.images import center_crop_resize, load_rgb, to_tensor
 from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
 from genforge.engine.logging import write_samples
@@ -119,6 +121,11 @@ def sample(
                                                                 "unconditional branch)")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="text file, one prompt per line; samples cycle through "
                                                          "them")] = None,
+    image: Annotated[Optional[Path], typer.Option(help="an image file whose variations to make (dalle2_decoder)")]
+    = None,
+    start_stage: Annotated[Optional[int], typer.Option(min=1, help="cascades: the first stage to run (a later one "
+                                                                   "upsamples --image)")] = None,
+    stop_stage: Annotated[Optional[int], typer.Option(min=1, help="cascades: the last stage to run")] = None,
 ) -> None:
     """Write a PNG grid of samples from the run's EMA weights (and the prompts, one per cell, beside it)."""
     prompt_list = _read_prompts(prompts) if prompts is not None else None
@@ -126,12 +133,17 @@ def sample(
         _fail("--prompt and --prompts: give one of them")
     run, device = _open_run(run_dir)
     text = prompt is not None or prompt_list is not None or negative_prompt is not None
-    if text and getattr(run.config.model, "conditioning", None) != "text":
+    if text and not run.config.model.takes_prompts():
         _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
+    extra = {"image": image, "start_stage": start_stage, "stop_stage": stop_stage}
+    for name in [k for k, v in extra.items() if v is not None and k not in run.config.model.sample_options]:
+        _fail(f"--{name.replace('_', '-')} does not apply to a {run.config.model.family!r} model")
+    if image is not None:
+        extra["image"] = _read_image(image, run.config.data.image_size)
     n = n or (len(prompt_list) if prompt_list else 16)
     opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale, "label": label,
-                              "prompt": prompt,
-                              "prompts": prompt_list, "negative_prompt": negative_prompt}.items() if v is not None}
+                              "prompt": prompt, "prompts": prompt_list, "negative_prompt": negative_prompt,
+                              **extra}.items() if v is not None}
     try:
         images, cond = generate(run.task, n, seed, device, progress=True, **opts)
     except ValueError as err:
@@ -141,9 +153,19 @@ def sample(
         path = write_samples(run.task, cond, images, out or default)
     except ConfigError as err:  # an --out suffix no writer has, or one that cannot show these outputs
         _fail(str(err))
-    typer.echo(f"wrote {n} samples ({json.dumps(run.task.sampler_settings(**opts))}) to {path}")
+    settings = run.task.sampler_settings(**{k: v for k, v in opts.items() if k != "image"})
+    typer.echo(f"wrote {n} samples ({json.dumps(settings)}) to {path}")
     if "text" in cond:
         typer.echo(f"prompts, one per cell in reading order: {path.with_suffix('.txt')}")
+
+
+def _read_image(path: Path, size: int) -> torch.Tensor:
+    """An image file as [1, 3, size, size] in [-1, 1], resized and center-cropped like training images (exit 2 when
+    unreadable)."""
+    try:
+        return to_tensor(np.asarray(center_crop_resize(load_rgb(path), size)))[None]
+    except (OSError, ValueError) as err:
+        _fail(f"--image {path}: cannot read it as an image ({err})")
 
 
 def _read_prompts(path: Path) -> list[str]:

@@ -24,7 +24,8 @@ def test_stable_surface_is_frozen():
     group = typer.main.get_command(app)
     assert {"train", "sample", "eval", "encode", "presets", "data"} <= set(group.commands)
     assert {"--set", "--run-dir", "--dry-run", "--fresh"} <= _options("train")
-    assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt"} <= _options("sample")
+    assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt", "--image", "--start-stage",
+            "--stop-stage"} <= _options("sample")
     assert {"--metrics", "--n", "--seed", "--steps", "--cfg-scale", "--ref", "--is-weights"} <= _options("eval")
     assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size"} <= _options("encode")
     assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}

@@ -201,6 +201,12 @@ class FamilyConfig(StrictModel):
     family: str
     default_metrics: ClassVar[tuple[str, ...]] = ()
     roles: ClassVar[tuple[str, ...]] = ("generator",)  # tokenizers: ("tokenizer",), discrete ones + "discrete"
+    sample_options: ClassVar[tuple[str, ...]] = ()  # `genforge sample` options beyond the common ones that its
+    # Task.sample understands: "image" (--image), "start_stage", "stop_stage" (cascades)
+
+    def takes_prompts(self) -> bool:
+        """Whether `genforge sample --prompt` applies (text-conditioned models)."""
+        return getattr(self, "conditioning", None) == "text"
 
     def check_data(self, data: DataConfig) -> None:
         """Cross-field checks against the data section (raise ValueError naming the fields)."""

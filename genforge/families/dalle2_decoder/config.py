@@ -76,6 +76,7 @@ class Dalle2DecoderConfig(FamilyConfig):
 
     family: Literal["dalle2_decoder"] = "dalle2_decoder"
     default_metrics: ClassVar[tuple[str, ...]] = ("fid",)
+    sample_options: ClassVar[tuple[str, ...]] = ("image", "start_stage", "stop_stage")
     stages: list[StageConfig] = Field(min_length=1)
     train_unets: list[int] | None = Field(None, description="1-based stages this run trains (DALLE2-pytorch's "
                                                             "unet_training_mask); the others stay bit-for-bit as "
@@ -103,6 +104,11 @@ class Dalle2DecoderConfig(FamilyConfig):
                 raise ValueError(f"model.train_unets={self.train_unets} must name distinct stages among "
                                  f"1..{len(self.stages)}")
         return self
+
+    def takes_prompts(self) -> bool:
+        """--prompt drives the decoder by the prompt's CLIP text embedding (an approximation: DALL·E 2's prior, which
+        maps it to an image embedding, is not part of this family)."""
+        return self.embedder.source in ("clip_run", "clip_pretrained")
 
     def trained_stages(self) -> list[int]:
         """0-based indices of the stages this run trains, in cascade order."""

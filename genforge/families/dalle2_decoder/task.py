@@ -139,11 +139,18 @@ class Dalle2DecoderTask(Task):
         which this family does not include), or else of the first `n` held-out images (with their labels and
         captions, for the judge and text conditioning)."""
         device = generator.device
-        if opts.get("prompt"):
+        if opts.get("negative_prompt"):
+            raise ValueError("--negative-prompt does not apply to dalle2_decoder (guidance is against the null "
+                             "image embedding)")
+        prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None)
+        if prompts:
             if self.embedder is None or not self.embedder.has_text:
-                raise ValueError("--prompt needs an embedder with a text tower (model.embedder.source=clip_run)")
-            embeds = self.embedder.embed_texts([opts["prompt"]] * n)
-            return Batch(image_embed=embeds.to(device), text=[opts["prompt"]] * n)
+                raise ValueError("--prompt needs an embedder with a text tower (model.embedder.source=clip_run or "
+                                 "clip_pretrained)")
+            texts = [prompts[i % len(prompts)] for i in range(n)]
+            if isinstance(self.embedder, PretrainedClipEmbedder):
+                self.embedder.to(device)
+            return Batch(image_embed=self.embedder.embed_texts(texts).float().to(device), text=texts)
         if opts.get("image") is not None:
             image = resize(opts["image"], self.cfg.stages[-1].image_size)
             cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])

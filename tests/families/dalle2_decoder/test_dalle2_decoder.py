@@ -7,9 +7,11 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from family_contract import FamilyContract
+from PIL import Image
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -225,3 +227,31 @@ def test_a_pretrained_clip_checkpoint_drives_the_decoder(tmp_path):
     cond = task.sample_conditions(2, torch.Generator().manual_seed(0), prompt="a red circle")
     assert cond["image_embed"].shape == (2, 24)
     assert task.sample(cond, torch.Generator().manual_seed(0), 2).shape == (2, 3, 16, 16)
+
+
+def test_sample_cli_makes_variations_of_an_image_and_runs_part_of_the_cascade(tmp_path):
+    run = tmp_path / "run"
+    make_trainer(load_config(PRESET, ["train.steps=2", "train.checkpoint_every=2", "train.sample_every=0"]),
+                 run).fit()
+    photo = tmp_path / "photo.png"
+    Image.fromarray((np.random.default_rng(0).random((40, 30, 3)) * 255).astype(np.uint8)).save(photo)
+    runner = CliRunner()
+    out = runner.invoke(app, ["sample", str(run), "--image", str(photo), "--n", "4", "--out", str(tmp_path / "v.png"),
+                              "--cfg-scale", "3"])
+    assert out.exit_code == 0, out.output
+    assert Image.open(tmp_path / "v.png").size[0] > 0 and '"cfg_scale": [3.0, 3.0]' in out.stdout
+    out = runner.invoke(app, ["sample", str(run), "--image", str(photo), "--n", "2", "--start-stage", "2",
+                              "--out", str(tmp_path / "up.png")])
+    assert out.exit_code == 0 and '"start_stage": 2' in out.stdout
+    out = runner.invoke(app, ["sample", str(run), "--n", "2", "--stop-stage", "3"])
+    assert out.exit_code == 2 and "--stop-stage 3" in out.stderr
+    out = runner.invoke(app, ["sample", str(run), "--n", "2", "--prompt", "a red circle"])
+    assert out.exit_code == 2 and "not text-conditioned" in out.stderr  # the pooled stand-in has no text tower
+    out = runner.invoke(app, ["sample", str(run), "--image", str(tmp_path / "missing.png")])
+    assert out.exit_code == 2 and "--image" in out.stderr
+
+
+def test_image_option_does_not_apply_to_other_families(tmp_path):
+    make_trainer(load_config("dit-debug", ["train.steps=1", "train.sample_every=0"]), tmp_path / "dit").fit()
+    out = CliRunner().invoke(app, ["sample", str(tmp_path / "dit"), "--image", "x.png"])
+    assert out.exit_code == 2 and "--image does not apply to a 'dit' model" in out.stderr
