@@ -306,7 +306,43 @@ class Codebook(ReconstructionMetric):
         return {**state.compute(), "codebook_histogram": state.counts.tolist()}  # uses of each id, for TensorBoard
 
 
-for _metric in (Judge(), FID(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook()):
+# ------------------------------------------------------------------------------------------- variations
+class SourcePairs(FeatureExtractor):
+    """Per sample made from a source image (`cond["image"]`: the DALL·E 2 decoder's variations): PSNR, SSIM and the
+    perceptual distance between the sample and its source (resized to the sample's size), rows [b, 3]."""
+
+    def setup(self, ctx: EvalContext) -> None:
+        if "image" not in ctx.cond:
+            raise ValueError("metric 'variation' needs samples made from source images (a model whose samples are "
+                             "variations of held-out images, e.g. dalle2_decoder)")
+        perceptual_metric(str(ctx.device))
+
+    def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
+        source = torch.nn.functional.interpolate(cond["image"].float().cpu(), size=images.shape[-2:], mode="bilinear",
+                                                 antialias=True) if cond["image"].shape[-1] != images.shape[-1] \
+            else cond["image"].float().cpu()
+        images = images.float().cpu()
+        perceptual = perceptual_metric(str(ctx.device))(images.to(ctx.device), source.to(ctx.device)).cpu()
+        return torch.stack([psnr(images, source), ssim(images, source), perceptual.reshape(-1)], dim=1)
+
+    def empty(self) -> Tensor:
+        return torch.zeros(0, 3)
+
+
+class Variation(SampleMetric):
+    """How close variations stay to their source images: mean PSNR, SSIM and perceptual distance."""
+
+    name, extractor = "variation", SourcePairs()
+    results = ("variation_psnr", "variation_ssim", "variation_perceptual")
+    lower_is_better = ("variation_perceptual",)
+
+    def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
+        means = rows.double().mean(0).tolist()
+        return dict(zip(self.results, means))
+
+
+for _metric in (Judge(), FID(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook(),
+                Variation()):
     METRICS.register(_metric.name, _metric)
 
 

@@ -39,3 +39,18 @@ class NoiseGenerator(Task):
 
     def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
         return torch.rand(n, 3, self.size, self.size, generator=generator) * 2 - 1
+
+
+class NoisyCopier(Task):
+    """A "variation" model: each sample is its source image (`cond["image"]`) plus Gaussian noise of std `sigma`."""
+
+    def __init__(self, sigma: float, size: int = 16) -> None:
+        super().__init__()
+        self.sigma, self.size = sigma, size
+
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        return Batch(image=torch.rand(n, 3, self.size, self.size, generator=torch.Generator().manual_seed(1)) * 1.6 - 0.8)
+
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+        noise = torch.randn(cond["image"].shape, generator=generator, device=generator.device)
+        return cond["image"] + self.sigma * noise
