@@ -26,11 +26,12 @@ class StageConfig(StrictModel):
     blur_sigma: tuple[float, float] = Field((0.4, 0.6), description="upsamplers: σ (pixels) of the training blur of "
                                                                     "the low-res image, drawn uniformly in range")
     blur_kernel: int = Field(3, ge=1, le=15, description="upsamplers: blur kernel side (odd)")
-    lowres_noise_max: float = Field(0.5, ge=0.0, le=1.0, description="upsamplers: training noise-augmentation level "
+    lowres_noise_max: float = Field(0.2, ge=0.0, le=1.0, description="upsamplers: training noise-augmentation level "
                                                                      "drawn uniformly in [0, this) (share of the "
                                                                      "augmentation schedule's 1000 steps)")
-    lowres_noise_sample: float = Field(0.2, ge=0.0, le=1.0, description="upsamplers: the augmentation level used "
-                                                                        "when sampling (DALLE2-pytorch: 0.2)")
+    lowres_noise_sample: float = Field(0.05, ge=0.0, le=1.0, description="upsamplers: the augmentation level used "
+                                                                         "when sampling (DALLE2-pytorch: 0.2 of "
+                                                                         "training levels in [0, 1))")
 
     @model_validator(mode="after")
     def _blur(self) -> "StageConfig":
