@@ -59,6 +59,10 @@ class DataSource:
         """`info` without loading samples where the source can (a cache reads its manifest)."""
         return self.info(self.build(cfg, "train", cfg.flip, None), cfg)
 
+    def class_names(self, cfg: DataConfig) -> list[str] | None:
+        """The names of the classes, in label order (zero-shot prompts), or None when the source has none."""
+        return None
+
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         """What identifies the data beyond the config (an absolute path, a listing of files), for cache keys."""
         return {}

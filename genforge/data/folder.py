@@ -40,6 +40,12 @@ def split_of(relpath: str, seed: int, val_fraction: float, test_fraction: float 
     return "val" if u < val_fraction else "test" if u < val_fraction + test_fraction else "train"
 
 
+def readable_name(folder: str) -> str:
+    """A class folder's name as words: separators to spaces, a leading number dropped when words follow."""
+    words = folder.replace("_", " ").replace("-", " ").split()
+    return " ".join(words[1:] if len(words) > 1 and words[0].isdigit() else words)
+
+
 class ImageFolderDataset(Dataset):
     """Images under `root` (any depth), ADM-style resized and center-cropped to `image_size`.
 
@@ -125,6 +131,12 @@ class FolderSource(DataSource):
         return ImageFolderDataset(cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip,
                                   seed=cfg.split_seed, max_image_pixels=cfg.max_image_pixels,
                                   test_fraction=cfg.test_fraction)
+
+    def class_names(self, cfg: DataConfig) -> list[str] | None:
+        """The class sub-folders' names as words: "_" and "-" become spaces and a leading number is dropped
+        ("03_red_circle" -> "red circle"; "7" stays "7")."""
+        folders = self.build(cfg, "all", False, None).class_names
+        return [readable_name(name) for name in folders] or None
 
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         return {"path": str(Path(cfg.path).resolve()), "files": folder_listing(cfg.path)}

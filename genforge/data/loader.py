@@ -59,6 +59,12 @@ def heldout_split(cfg: DataConfig) -> str:
     return source_of(cfg).heldout_split(cfg)
 
 
+def class_names(cfg: DataConfig) -> list[str] | None:
+    """The data set's class names in label order (a cache: those of the images it encoded), or None."""
+    images = image_data(cfg)
+    return source_of(images).class_names(images) if images is not None else None
+
+
 def heldout_samples(cfg: DataConfig, n: int) -> Iterator[dict[str, Any]]:
     """The first `n` readable samples of `heldout_split(cfg)`, unflipped, one dict each (`image` [C, H, W] in
     [-1, 1], and `label`, `text`, `image_embed`, `key` where the source has them)."""

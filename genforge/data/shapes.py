@@ -255,5 +255,8 @@ class ShapesSource(DataSource):
     def heldout_split(self, cfg: DataConfig) -> str:
         return "val"
 
+    def class_names(self, cfg: DataConfig) -> list[str]:
+        return class_names()
+
 
 DATA_SOURCES.register("shapes", ShapesSource())

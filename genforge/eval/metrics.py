@@ -24,22 +24,25 @@ from genforge.core.codec import TokenCodec, codec_kind
 from genforge.core.config import DataConfig, EvalConfig
 from genforge.core.registry import METRICS
 from genforge.core.task import Batch, Task
-from genforge.data.loader import image_data
+from genforge.data.loader import class_names, image_data
+from genforge.eval.embedding_metrics import retrieval_recall, zero_shot_accuracy
 from genforge.eval.features import InceptionFeatures, InceptionLogits, PerceptualLoss
 from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
 from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats
 from genforge.eval.tokenizer_metrics import CodebookUsage, psnr, ssim
 
 ROLE_NAMES = {("generator",): "generator", ("tokenizer",): "continuous tokenizer",
-              ("discrete", "tokenizer"): "discrete tokenizer"}
+              ("discrete", "tokenizer"): "discrete tokenizer", ("embedder",): "image-text embedder"}
 
 
 def task_roles(task: Task) -> tuple[str, ...]:
-    """The roles of a task at run time: a generator, or a tokenizer (discrete when its codec is a TokenCodec)."""
+    """The roles of a task at run time: a generator, a tokenizer (discrete when its codec is a TokenCodec), or an
+    image(-text) embedder (its codec is an ImageEmbedder)."""
     codec = task.codec()
     if codec is None:
         return ("generator",)
-    return ("tokenizer", "discrete") if codec_kind(codec) == "tokens" else ("tokenizer",)
+    kind = codec_kind(codec)
+    return {"tokens": ("tokenizer", "discrete"), "image_embed": ("embedder",)}.get(kind, ("tokenizer",))
 
 
 @dataclass
@@ -306,6 +309,49 @@ class Codebook(ReconstructionMetric):
         return {**state.compute(), "codebook_histogram": state.counts.tolist()}  # uses of each id, for TensorBoard
 
 
+# -------------------------------------------------------------------------------------------- embedders
+class EmbeddingMetric(Metric):
+    """An image-text embedder's metric over n held-out images: their unit-norm embeddings [n, D] and the held-out
+    batch they come from (`label`, `text` where the data has them)."""
+
+    requires, needs = ("embedder",), "an image-text embedder (clip)"
+
+    def score(self, codec: nn.Module, image_embeds: Tensor, heldout: Batch, ctx: EvalContext) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class ZeroShot(EmbeddingMetric):
+    """Zero-shot classification (CLIP §3.1.2): each class named in `eval.zero_shot_prompt` ("a {}"), each image given
+    the class whose prompt is most similar."""
+
+    name, results = "zero_shot", ("zero_shot_accuracy",)
+
+    def score(self, codec: nn.Module, image_embeds: Tensor, heldout: Batch, ctx: EvalContext) -> dict[str, Any]:
+        names = class_names(ctx.data)
+        if not names or "label" not in heldout:
+            raise ValueError("metric 'zero_shot' needs labelled data with class names (shapes, or an image folder "
+                             "with class sub-folders)")
+        prompts = [ctx.eval.zero_shot_prompt.format(name) for name in names]
+        accuracy = zero_shot_accuracy(image_embeds, codec.embed_texts(prompts), heldout["label"])
+        return {"zero_shot_accuracy": accuracy, "zero_shot_classes": len(names), "zero_shot_prompts": prompts[:3]}
+
+
+class Retrieval(EmbeddingMetric):
+    """Image→text and text→image retrieval among the n held-out (image, caption) pairs, recall@1 and @5."""
+
+    name = "retrieval"
+    results = ("retrieval_i2t_r1", "retrieval_t2i_r1", "retrieval_i2t_r5", "retrieval_t2i_r5")
+
+    def score(self, codec: nn.Module, image_embeds: Tensor, heldout: Batch, ctx: EvalContext) -> dict[str, Any]:
+        if "text" not in heldout:
+            raise ValueError("metric 'retrieval' needs captioned data (a sidecar .txt per image, or shapes)")
+        texts = heldout["text"]
+        text_embeds = torch.cat([codec.embed_texts(texts[i : i + ctx.batch_size])
+                                 for i in range(0, len(texts), ctx.batch_size)])
+        recall = retrieval_recall(image_embeds, text_embeds, texts)
+        return {**{f"retrieval_{k}": v for k, v in recall.items()}, "retrieval_distinct_captions": len(set(texts))}
+
+
 # ------------------------------------------------------------------------------------------- variations
 class SourcePairs(FeatureExtractor):
     """Per sample made from a source image (`cond["image"]`: the DALL·E 2 decoder's variations): PSNR, SSIM and the
@@ -342,7 +388,7 @@ class Variation(SampleMetric):
 
 
 for _metric in (Judge(), FID(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook(),
-                Variation()):
+                Variation(), ZeroShot(), Retrieval()):
     METRICS.register(_metric.name, _metric)
 
 

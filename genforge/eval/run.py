@@ -19,9 +19,10 @@ from torch import Tensor, nn
 from genforge.core.config import DataConfig, EvalConfig
 from genforge.core.random import mix_seed
 from genforge.core.task import Batch, Task
-from genforge.data.loader import heldout_batches, heldout_split
+from genforge.data.loader import heldout_batch, heldout_batches, heldout_split
 from genforge.eval.distributed import gather_rows, rank_and_world
-from genforge.eval.metrics import EvalContext, ReconstructionMetric, SampleMetric, check_metrics, task_roles
+from genforge.eval.metrics import (EmbeddingMetric, EvalContext, ReconstructionMetric, SampleMetric, check_metrics,
+                                   task_roles)
 
 
 @torch.no_grad()
@@ -56,8 +57,12 @@ def evaluate_task(task: Task, data: DataConfig, eval_cfg: EvalConfig, metrics: l
     codec = task.codec()
     if codec is not None:
         if opts:
-            raise ValueError(f"sampler options {sorted(opts)} do not apply to a tokenizer")
-        return evaluate_tokenizer(codec, chosen, ctx) if rank_and_world()[0] == 0 else {}
+            raise ValueError(f"sampler options {sorted(opts)} do not apply to a {task_roles(task)[0]}")
+        if rank_and_world()[0] != 0:
+            return {}
+        if task_roles(task) == ("embedder",):
+            return evaluate_embedder(codec, chosen, ctx)
+        return evaluate_tokenizer(codec, chosen, ctx)
     return evaluate_generator(task, chosen, ctx, seed, **opts)
 
 
@@ -112,6 +117,19 @@ def evaluate_tokenizer(codec: nn.Module, metrics: list[ReconstructionMetric], ct
     results: dict[str, Any] = {"n": count, "split": heldout_split(ctx.data)}
     for metric, state in zip(metrics, states):
         results.update(metric.compute(state))
+    return results
+
+
+@torch.no_grad()
+def evaluate_embedder(codec: nn.Module, metrics: list[EmbeddingMetric], ctx: EvalContext) -> dict[str, Any]:
+    """Embed `ctx.n` held-out images (with their labels and captions) once; each metric scores the embeddings."""
+    heldout = heldout_batch(ctx.data, ctx.n)
+    images = heldout["image"]
+    embeds = torch.cat([codec.embed_images(images[i : i + ctx.batch_size].to(ctx.device)).float().cpu()
+                        for i in range(0, len(images), ctx.batch_size)])
+    results: dict[str, Any] = {"n": len(images), "split": heldout_split(ctx.data)}
+    for metric in metrics:
+        results.update(metric.score(codec, embeds, heldout, ctx))
     return results
 
 

@@ -73,3 +73,19 @@ class Mlp(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x [..., dim] -> [..., out_dim]."""
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class PreNormBlock(nn.Module):
+    """Pre-norm transformer encoder block: x + Attn(LN(x)), then x + MLP(LN(x)) (Xiong et al. 2020; the ViT and
+    CLIP towers, the tiny text encoder)."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: Tensor, keep: Tensor | None = None) -> Tensor:
+        """x [B, L, D], keep bool [B, L] (True = a real token, attended to; None: every token) -> [B, L, D]."""
+        x = x + self.attn(self.norm1(x), None if keep is None else keep[:, None, None, :])  # key padding [B,1,1,L]
+        return x + self.mlp(self.norm2(x))

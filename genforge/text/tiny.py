@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from genforge.nn.attention import Attention, Mlp
+from genforge.nn.attention import PreNormBlock
 from genforge.text.base import TextEncoder
 
 PAD, BOS, EOS = 0, 1, 2
@@ -36,21 +36,6 @@ def byte_tokenize(texts: Sequence[str], max_length: int) -> tuple[Tensor, Tensor
     return torch.from_numpy(ids), torch.from_numpy(cols < lengths[:, None])
 
 
-class EncoderLayer(nn.Module):
-    """Pre-norm transformer encoder layer: x + Attn(LN(x)), then x + MLP(LN(x)) (Xiong et al. 2020)."""
-
-    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
-
-    def forward(self, x: Tensor, keep: Tensor) -> Tensor:
-        """x [B, L, D], keep bool [B, L] (True = real token, the keys attended to) -> [B, L, D]."""
-        x = x + self.attn(self.norm1(x), keep[:, None, None, :])  # key padding mask [B, 1, 1, L]
-        return x + self.mlp(self.norm2(x))
-
-
 class TinyTextEncoder(TextEncoder):
     """Byte-level transformer encoder; trains with the family that holds it (a submodule, in its checkpoints)."""
 
@@ -62,7 +47,7 @@ class TinyTextEncoder(TextEncoder):
         self.dim, self.depth, self.heads, self.max_length = dim, depth, heads, max_length
         self.token = nn.Embedding(VOCAB_SIZE, dim)
         self.position = nn.Parameter(torch.randn(max_length, dim) * 0.02)  # learned, [max_length, D]
-        self.layers = nn.ModuleList(EncoderLayer(dim, heads) for _ in range(depth))
+        self.layers = nn.ModuleList(PreNormBlock(dim, heads) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         nn.init.normal_(self.token.weight, std=0.02)
 
