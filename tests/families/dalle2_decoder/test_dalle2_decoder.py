@@ -255,3 +255,19 @@ def test_image_option_does_not_apply_to_other_families(tmp_path):
     make_trainer(load_config("dit-debug", ["train.steps=1", "train.sample_every=0"]), tmp_path / "dit").fit()
     out = CliRunner().invoke(app, ["sample", str(tmp_path / "dit"), "--image", "x.png"])
     assert out.exit_code == 2 and "--image does not apply to a 'dit' model" in out.stderr
+
+
+def test_clip_run_encode_then_decoder_on_the_cache(tmp_path):
+    """The offline DALL·E 2 path: a clip run -> `genforge encode` (image + embedding per record) -> the decoder on
+    the cache, checked against the clip run's weights; a cache of another clip checkpoint is refused."""
+    make_trainer(load_config("clip-debug", ["train.steps=2", "train.checkpoint_every=2"]), tmp_path / "clip").fit()
+    runner = CliRunner()
+    out = runner.invoke(app, ["encode", str(tmp_path / "clip"), "--out", str(tmp_path / "cache"), "--flip"])
+    assert out.exit_code == 0, out.output
+    decoder = ["model.embedder.source=clip_run", f"model.embedder.path={tmp_path / 'clip'}", "data.source=cache",
+               f"data.path={tmp_path / 'cache'}", "train.steps=2", "train.checkpoint_every=2", "train.sample_every=2"]
+    make_trainer(load_config(PRESET, decoder), tmp_path / "decoder").fit()
+    assert (tmp_path / "decoder" / "samples" / "step-000002.png").is_file()
+    make_trainer(load_config("clip-debug", ["train.steps=4", "train.checkpoint_every=2"]), tmp_path / "clip").fit()
+    out = runner.invoke(app, ["train", PRESET, "--dry-run", *sum((["--set", o] for o in decoder), [])])
+    assert out.exit_code == 2 and "another tokenizer checkpoint" in out.stderr
