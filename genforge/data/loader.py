@@ -65,12 +65,19 @@ def class_names(cfg: DataConfig) -> list[str] | None:
     return source_of(images).class_names(images) if images is not None else None
 
 
-def heldout_samples(cfg: DataConfig, n: int) -> Iterator[dict[str, Any]]:
+def heldout_samples(cfg: DataConfig, n: int, spread: bool = False) -> Iterator[dict[str, Any]]:
     """The first `n` readable samples of `heldout_split(cfg)`, unflipped, one dict each (`image` [C, H, W] in
-    [-1, 1], and `label`, `text`, `image_embed`, `key` where the source has them)."""
+    [-1, 1], and `label`, `text`, `image_embed`, `key` where the source has them). With `spread`, n samples evenly
+    spaced over a larger indexable split instead (an image folder lists its classes in turn: the first n would all be
+    of the first class); a stream is always read from its start."""
     dataset = build_dataset(cfg, split=heldout_split(cfg), flip=False)
     # a stream (webdataset shards) iterates as one ordered pass, read lazily: only the first n are decoded
-    items = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(len(dataset)))
+    if isinstance(dataset, IterableDataset):
+        items = iter(dataset)
+    else:
+        size = len(dataset)
+        indices = [i * size // n for i in range(n)] if spread and size > n else range(size)
+        items = (dataset[i] for i in indices)
     return itertools.islice((item for item in items if "image" in item), n)  # skip unreadable files
 
 
@@ -81,10 +88,10 @@ def heldout_batches(cfg: DataConfig, n: int, batch_size: int) -> Iterator[Tensor
         yield torch.stack(batch)
 
 
-def heldout_batch(cfg: DataConfig, n: int) -> dict[str, Any]:
-    """The first `n` readable held-out samples collated into one batch (`image` [n, C, H, W], `label` [n], `text`,
-    `image_embed` [n, D], `key`: the fields every sample has)."""
-    items = list(heldout_samples(cfg, n))
+def heldout_batch(cfg: DataConfig, n: int, spread: bool = False) -> dict[str, Any]:
+    """`n` readable held-out samples (`heldout_samples`) collated into one batch (`image` [n, C, H, W], `label` [n],
+    `text`, `image_embed` [n, D], `key`: the fields every sample has)."""
+    items = list(heldout_samples(cfg, n, spread))
     if not items:
         raise ValueError(f"no readable images in the {heldout_split(cfg)!r} split of the data")
     fields = set.intersection(*(set(item) for item in items))

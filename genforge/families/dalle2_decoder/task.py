@@ -136,8 +136,8 @@ class Dalle2DecoderTask(Task):
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
         """What `n` samples decode: the embedding of `image` (a tensor [k, C, H, W] in [-1, 1], e.g. `genforge sample
         --image`), of the text `prompt` (through the embedder's text tower: an approximation of DALL·E 2's prior,
-        which this family does not include), or else of the first `n` held-out images (with their labels and
-        captions, for the judge and text conditioning)."""
+        which this family does not include), or else of `n` held-out images (with their labels and
+        captions, for the judge and text conditioning), spread evenly over the held-out split."""
         device = generator.device
         if opts.get("negative_prompt"):
             raise ValueError("--negative-prompt does not apply to dalle2_decoder (guidance is against the null "
@@ -155,7 +155,8 @@ class Dalle2DecoderTask(Task):
             image = resize(opts["image"], self.cfg.stages[-1].image_size)
             cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])
         else:
-            cond = heldout_batch(image_data(self.data_cfg) or self.data_cfg, n)  # a cache: the images it encoded
+            # evenly spread over the held-out split (a folder lists its classes in turn); a cache: its images'
+            cond = heldout_batch(image_data(self.data_cfg) or self.data_cfg, n, spread=True)
             cond = {k: v for k, v in cond.items() if k in ("image", "label", "text", "image_embed")}
             if len(cond["image"]) < n:  # a small held-out split: cycle through it
                 index = torch.arange(n) % len(cond["image"])
