@@ -1,4 +1,5 @@
-"""Config of the `dit` family: Diffusion Transformer (Peebles & Xie 2023) + IDDPM diffusion."""
+"""Config of the `dit` family: class-conditional diffusion on pixels or latents with a DiT (Peebles & Xie 2023) or an
+ADM U-Net (Dhariwal & Nichol 2021) backbone, on the shared diffusion objectives."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ from genforge.core.config import DataConfig, FamilyConfig
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dit.model import DIT_SIZES
 from genforge.nn.codec import LatentInputConfig
+from genforge.nn.unet import UNetConfig
 
 
 class DiTConfig(FamilyConfig):
-    """DiT size from the paper's zoo, optionally overridden dimension by dimension."""
+    """The backbone: a DiT size from the paper's zoo, optionally overridden dimension by dimension, or the ADM
+    U-Net of `model.unet` (`backbone: unet`); the size fields belong to the DiT, `unet` to the U-Net."""
 
     family: Literal["dit"] = "dit"
     default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
+    backbone: Literal["dit", "unet"] = Field("dit", description="dit: the transformer of `size`; unet: `model.unet`")
+    unet: UNetConfig = UNetConfig()
     size: str = Field("S/2", description="one of S|B|L|XL / 2|4|8")
     depth: int | None = Field(None, gt=0)
     hidden_size: int | None = Field(None, gt=0)
@@ -47,7 +52,7 @@ class DiTConfig(FamilyConfig):
 
     def check_data(self, data: DataConfig) -> None:
         dims = self.dims()
-        if dims["hidden_size"] % dims["num_heads"]:
+        if self.backbone == "dit" and dims["hidden_size"] % dims["num_heads"]:
             raise ValueError(
                 f"model.hidden_size={dims['hidden_size']} must be divisible by model.num_heads={dims['num_heads']}"
             )
@@ -67,10 +72,18 @@ class DiTConfig(FamilyConfig):
         return self.latent.input_runs() if self.latent is not None else {}
 
     def check_grid(self, image_size: int, downsample: int, source: str) -> None:
-        """The model input (image_size / downsample) must tile into patches (ValueError naming `source`)."""
-        patch = self.dims()["patch_size"]
+        """The model input (image_size / downsample) must tile into patches, or halve through every U-Net level
+        (ValueError naming `source`)."""
         if image_size % downsample:
             raise ValueError(f"data.image_size={image_size} must be divisible by {source}={downsample}")
-        if (image_size // downsample) % patch:
-            raise ValueError(f"data.image_size={image_size} (model input {image_size // downsample}) must be "
+        side = image_size // downsample
+        if self.backbone == "unet":
+            if side % self.unet.downsample:
+                raise ValueError(f"data.image_size={image_size} (model input {side}) must be divisible by "
+                                 f"{self.unet.downsample}, the downsampling of model.unet.dim_mults="
+                                 f"{list(self.unet.dim_mults)}")
+            return
+        patch = self.dims()["patch_size"]
+        if side % patch:
+            raise ValueError(f"data.image_size={image_size} (model input {side}) must be "
                              f"divisible by model.patch_size={patch} (size {self.size})")

@@ -1,4 +1,5 @@
-"""DiT as a Task: the IDDPM objective on pixels or codec latents, class-conditional with CFG dropout."""
+"""The dit family as a Task: a diffusion objective on pixels or codec latents, class-conditional with CFG dropout,
+on a DiT or an ADM U-Net backbone."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.diffusion import SAMPLERS
 from genforge.families.dit.config import DiTConfig
 from genforge.families.dit.model import DiT
+from genforge.nn.unet import UNet
 
 
 class DiTTask(Task):
-    """Trains `DiT` with `diffusion.training_losses` (DiT train.py's objective) and samples with DDPM/DDIM."""
+    """Trains the backbone with the objective's `training_losses` (DiT train.py's loop) and samples with the
+    configured sampler."""
 
     def __init__(self, cfg: DiTConfig, ctx: BuildContext) -> None:
         super().__init__()
@@ -25,7 +28,19 @@ class DiTTask(Task):
         self.channels = self.latent_codec.latent_channels if self.latent_codec else data.channels
         self.input_size = data.image_size // (self.latent_codec.downsample if self.latent_codec else 1)
         self.num_classes = class_count(cfg.conditioning, cfg.num_classes, data.num_classes, "none")
-        self.model = DiT(
+        self.model = self._build_backbone(cfg)
+        # the label of the null class for classifier-free guidance: one past the real classes in both backbones
+        self.null_label = self.num_classes
+        self.objective = cfg.diffusion.objective_for_training()
+
+    def _build_backbone(self, cfg: DiTConfig) -> DiT | UNet:
+        """DiT of `size` (+ overrides), or the ADM U-Net of `model.unet`: (x_t [B, C, h, w], t [B], y [B]) ->
+        [B, C or 2C (learned variance), h, w]."""
+        if cfg.backbone == "unet":
+            out_channels = self.channels * (2 if cfg.diffusion.learn_sigma else 1)
+            return cfg.unet.build(in_channels=self.channels, out_channels=out_channels,
+                                  num_classes=self.num_classes)
+        return DiT(
             input_size=self.input_size,
             in_channels=self.channels,
             mlp_ratio=cfg.mlp_ratio,
@@ -34,7 +49,6 @@ class DiTTask(Task):
             learn_sigma=cfg.diffusion.learn_sigma,
             **cfg.dims(),
         )
-        self.objective = cfg.diffusion.objective_for_training()
 
     @staticmethod
     def _build_codec(cfg: DiTConfig, ctx: BuildContext) -> torch.nn.Module | None:
@@ -73,7 +87,7 @@ class DiTTask(Task):
         kwargs = {}
         if self.num_classes:
             drop = rng.rand() < self.cfg.class_dropout_prob  # label dropout for classifier-free guidance
-            kwargs["y"] = self.model.y_embedder.drop(batch["label"], drop)
+            kwargs["y"] = batch["label"].masked_fill(drop.bool(), self.null_label)
         terms = self.objective.training_losses(self.model, x, time, noise, model_kwargs=kwargs)
         logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
         return terms["loss"].mean(), logs
@@ -103,7 +117,7 @@ class DiTTask(Task):
         kwargs, null = {}, None
         if self.num_classes:
             kwargs = {"y": cond["label"].to(device)}
-            null = {"y": torch.full_like(kwargs["y"], self.model.y_embedder.null_id)}
+            null = {"y": torch.full_like(kwargs["y"], self.null_label)}
         clip = self.latent_codec is None  # pixels live in [-1, 1]; latents have no fixed range
         process = self.cfg.diffusion.sampling_process(self.model, kwargs, self.channels, clip, s["sampler"],
                                                       s["steps"], s["cfg_scale"], null)
