@@ -88,3 +88,12 @@ def test_data_shapes_writes_a_folder(tmp_path):
     assert out.exit_code == 0, out.output
     assert len(list((tmp_path / "s").rglob("*.png"))) == 20
     assert len(list((tmp_path / "s").rglob("*.txt"))) == 20
+
+
+def test_data_moving_shapes_writes_a_video_folder(tmp_path):
+    out = runner.invoke(app, ["data", "moving_shapes", "--out", str(tmp_path / "m"), "--n", "4", "--image-size", "16",
+                              "--frames", "5", "--format", "mp4"])
+    assert out.exit_code == 0, out.output
+    assert len(list((tmp_path / "m").rglob("*.mp4"))) == 4 and "data.source=video_folder" in out.output
+    bad = runner.invoke(app, ["data", "moving_shapes", "--out", str(tmp_path / "x"), "--format", "avi"])
+    assert bad.exit_code == 2 and "avi" in bad.output

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from genforge.core.config import DataConfig
@@ -22,14 +23,15 @@ ADM_RESIZE = ("ADM center crop: box-halve while the short side >= 2 x data.image
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
 
-def scan_images(root: Path) -> list[str]:
-    """Relative paths (forward slashes) of every image under `root`, hidden entries skipped, sorted."""
+def scan_images(root: Path, extensions: tuple[str, ...] = EXTENSIONS) -> list[str]:
+    """Relative paths (forward slashes) of every file under `root` with one of `extensions` (images by default),
+    hidden entries skipped, sorted."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         rel = Path(dirpath).relative_to(root)
         found += [(rel / f).as_posix() for f in filenames
-                  if not f.startswith(".") and f.lower().endswith(EXTENSIONS)]
+                  if not f.startswith(".") and f.lower().endswith(extensions)]
     return sorted(found)
 
 
@@ -51,8 +53,12 @@ class ImageFolderDataset(Dataset):
 
     Labels come from the first-level sub-folders (sorted names -> 0..K-1, empty ones included, so a
     folder written by `write_shapes_folder` keeps the shapes labels); images directly in `root` are
-    unlabelled. Captions come from a sidecar `<stem>.txt`.
+    unlabelled. Captions come from a sidecar `<stem>.txt`. A subclass reads other files (`extensions`, `field`,
+    `load`): videos (genforge.data.video).
     """
+
+    extensions: tuple[str, ...] = EXTENSIONS
+    field = "image"  # the sample's key of the decoded tensor
 
     def __init__(self, root: str | Path, image_size: int, split: str = "train", val_fraction: float = 0.0,
                  flip: bool = False, seed: int = 0, max_image_pixels: int | None = None,
@@ -63,15 +69,15 @@ class ImageFolderDataset(Dataset):
             raise ValueError(f"val_fraction={val_fraction} must be in [0, 1]")
         self.root, self.image_size, self.flip = Path(root), image_size, flip
         self.max_image_pixels = max_image_pixels
-        searched = ", ".join(EXTENSIONS)
+        searched = ", ".join(self.extensions)
         if not self.root.is_dir():
-            raise FileNotFoundError(f"image folder {self.root} does not exist (looking for {searched} files)")
-        files = scan_images(self.root)
+            raise FileNotFoundError(f"{self.field} folder {self.root} does not exist (looking for {searched} files)")
+        files = scan_images(self.root, self.extensions)
         if not files:
-            raise ValueError(f"image folder {self.root} holds no images ({searched}, any depth)")
+            raise ValueError(f"{self.field} folder {self.root} holds no {self.field}s ({searched}, any depth)")
         in_root = [f for f in files if "/" not in f]
         if in_root and len(in_root) < len(files):
-            raise ValueError(f"{self.root}: images both in class sub-folders and directly in the folder "
+            raise ValueError(f"{self.root}: {self.field}s both in class sub-folders and directly in the folder "
                              f"({', '.join(in_root[:5])}{', ...' if len(in_root) > 5 else ''}); "
                              "move them into a sub-folder or remove them")
         self.class_names: list[str] = [] if in_root else sorted(
@@ -80,7 +86,7 @@ class ImageFolderDataset(Dataset):
         if split != "all":
             files = [f for f in files if split_of(f, seed, val_fraction, test_fraction) == split]
             if not files:
-                raise ValueError(f"image folder {self.root}: the {split!r} split is empty "
+                raise ValueError(f"{self.field} folder {self.root}: the {split!r} split is empty "
                                  f"(val_fraction={val_fraction}, seed={seed})")
         self.files = files
         class_index = {name: i for i, name in enumerate(self.class_names)}
@@ -89,19 +95,24 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
+    def load(self, path: Path, aug_seed: int | None) -> torch.Tensor:
+        """The file decoded, resized, cropped and (by `aug_seed`'s coin) flipped: [3, H, W] in [-1, 1]."""
+        image = np.asarray(center_crop_resize(load_rgb(path, self.max_image_pixels), self.image_size))
+        if self.flip and flip_drawn(aug_seed):
+            image = image[:, ::-1]
+        return to_tensor(image)
+
     def __getitem__(self, item: int | tuple[int, int]) -> dict:
         index, aug_seed = item if isinstance(item, tuple) else (item, None)
         rel = self.files[index]
         path = self.root / rel
         try:
-            image = np.asarray(center_crop_resize(load_rgb(path, self.max_image_pixels), self.image_size))
+            decoded = self.load(path, aug_seed)
             caption_path = path.with_suffix(".txt")
             caption = caption_path.read_text(encoding="utf-8").strip() if caption_path.is_file() else None
         except Exception as err:  # any decoder or caption error: skip and report, never kill the worker
             return {"key": rel, "bad": f"{type(err).__name__}: {err}"}
-        if self.flip and flip_drawn(aug_seed):
-            image = image[:, ::-1]
-        sample = {"image": to_tensor(image), "key": rel}
+        sample = {self.field: decoded, "key": rel}
         if self.labels is not None:
             sample["label"] = self.labels[index]
         if caption is not None:
@@ -109,10 +120,10 @@ class ImageFolderDataset(Dataset):
         return sample
 
 
-def folder_listing(root: str | Path) -> str:
-    """sha256 of the names, sizes and mtimes of the images under `root` (a changed folder is new data)."""
+def folder_listing(root: str | Path, extensions: tuple[str, ...] = EXTENSIONS) -> str:
+    """sha256 of the names, sizes and mtimes of the files under `root` (a changed folder is new data)."""
     digest = hashlib.sha256()
-    for name in scan_images(Path(root)):
+    for name in scan_images(Path(root), extensions):
         stat = (Path(root) / name).stat()
         digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()

@@ -1,6 +1,7 @@
 """Preview writers: sample grids written into a run (`samples/step-*.png`) and by `genforge sample --out`. A writer
 registers under the file suffix it writes and says which tensors it can show; `write_preview` picks one by the
-path's suffix, `preview_suffix` the default for a tensor (image batches: .png; video writers come with video)."""
+path's suffix, `preview_suffix` the default for a tensor (image batches [B, C, H, W]: .png; clips [B, C, T, H, W]:
+an animated grid, .gif, or .mp4 when asked)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torch import Tensor
 from genforge.core.config import ConfigError
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.images import to_uint8
+from genforge.data.video import write_video
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,22 @@ def _write_png(images: Tensor, path: Path, nrow: int | None) -> None:
     Image.fromarray(image_grid(images, nrow)).save(path)
 
 
+def video_grid(videos: Tensor, nrow: int | None = None) -> np.ndarray:
+    """Clips [B, C, T, H, W] in [-1, 1] -> uint8 frames [T, grid H, grid W, 3]: frame t is the grid of every clip's
+    frame t."""
+    return np.stack([image_grid(videos[:, :, t], nrow) for t in range(videos.shape[2])])
+
+
+def _video_writer(fmt: str) -> Callable[[Tensor, Path, int | None], None]:
+    def write(videos: Tensor, path: Path, nrow: int | None) -> None:
+        write_video(video_grid(videos, nrow), path, VIDEO_PREVIEW_FPS, fmt)
+    return write
+
+
+VIDEO_PREVIEW_FPS = 8.0
 PREVIEW_WRITERS.register(".png", PreviewWriter(".png", lambda x: x.ndim == 4, _write_png))
+PREVIEW_WRITERS.register(".gif", PreviewWriter(".gif", lambda x: x.ndim == 5, _video_writer("gif")))
+PREVIEW_WRITERS.register(".mp4", PreviewWriter(".mp4", lambda x: x.ndim == 5, _video_writer("mp4")))
 
 
 def preview_suffix(outputs: Tensor) -> str:

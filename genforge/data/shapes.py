@@ -65,7 +65,7 @@ class Shape(NamedTuple):
     centre: np.ndarray
 
 
-def _background(rng: np.random.Generator, side: int, textured: bool) -> np.ndarray:
+def render_background(rng: np.random.Generator, side: int, textured: bool) -> np.ndarray:
     """A muted base colour, optionally with low-contrast stripes, checks, a gradient or smooth noise:
     float [side, side, 3]."""
     base = rng.uniform(70, 170) + rng.uniform(-15, 15, size=3)
@@ -100,7 +100,7 @@ def _place(rng: np.random.Generator, radius: float, taken: list[Shape]) -> np.nd
     return candidates[fits[0] if len(fits) else room.argmax()]
 
 
-def _draw(draw: ImageDraw.ImageDraw, shape: Shape, side: int) -> None:
+def draw_shape(draw: ImageDraw.ImageDraw, shape: Shape, side: int) -> None:
     """Draw `shape` on a canvas of `side` pixels."""
     (cx, cy), r, fill = shape.centre * side, shape.radius * side, COLORS[shape.colour]
     if shape.kind == "circle":
@@ -131,7 +131,7 @@ def render_shapes(seed: int, index: int, size: int, spec: ShapesSpec = ShapesSpe
     rng = np.random.default_rng([seed, index])
     side = size * SUPERSAMPLE
     textured = rng.random() < spec.textured_fraction
-    canvas = Image.fromarray(np.clip(_background(rng, side, textured), 0, 255).astype(np.uint8))
+    canvas = Image.fromarray(np.clip(render_background(rng, side, textured), 0, 255).astype(np.uint8))
     n_shapes = int(rng.integers(spec.min_shapes, spec.max_shapes + 1))
 
     colours = list(COLORS)
@@ -145,7 +145,7 @@ def render_shapes(seed: int, index: int, size: int, spec: ShapesSpec = ShapesSpe
                             _place(rng, rd, [primary, *others])))
     draw = ImageDraw.Draw(canvas)
     for shape in [*others, primary]:  # the primary last, on top
-        _draw(draw, shape, side)
+        draw_shape(draw, shape, side)
 
     image = np.asarray(canvas.resize((size, size), Image.Resampling.BOX))
     label = KINDS.index(primary.kind) * len(COLORS) + colours.index(primary.colour)

@@ -1,0 +1,172 @@
+"""Video data: seeking decode, clip indices, colour order, crops, skipped files, moving shapes, video previews."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from genforge.app.config import load_config
+from genforge.core.config import VideoConfig
+from genforge.data.base import collate
+from genforge.data.loader import ReplaceUnreadable, build_dataset, data_info
+from genforge.data.moving_shapes import (DIRECTIONS, MovingShapesDataset, render_moving_shapes,
+                                         write_moving_shapes_folder)
+from genforge.data.previews import write_preview
+from genforge.data.video import (VideoFolderDataset, VideoTooShort, clip_frame_indices, clip_times, read_clip,
+                                 resize_crop_frames, write_video)
+
+
+def counting_video(n: int, size: int = 16) -> np.ndarray:
+    """Frame i is uniformly grey at level 4·i: its index can be read back from any frame (through H.264 too)."""
+    levels = (4 * np.arange(n)).astype(np.uint8)
+    return np.broadcast_to(levels[:, None, None, None], (n, size, size, 3)).copy()
+
+
+def frame_numbers(frames: np.ndarray) -> list[int]:
+    return [int(round(f.mean() / 4)) for f in frames]
+
+
+@pytest.mark.parametrize("fmt", ["mp4", "gif"])
+def test_a_pure_red_clip_decodes_red_not_bgr(tmp_path, fmt):
+    red = np.zeros((5, 16, 16, 3), np.uint8)
+    red[..., 0] = (220 + 5 * np.arange(5))[:, None, None]  # frames differ (PIL merges identical GIF frames)
+    write_video(red, tmp_path / f"red.{fmt}")
+    frames = read_clip(tmp_path / f"red.{fmt}", VideoConfig(num_frames=5)).frames
+    assert frames.shape == (5, 16, 16, 3)
+    r, g, b = (frames[..., c].astype(float).mean() for c in range(3))
+    assert r > 200 and r > b + 150 and r > g + 150
+    clip = resize_crop_frames(frames, 8)  # [3, T, 8, 8] in [-1, 1]
+    assert clip.shape == (3, 5, 8, 8) and clip[0].mean() > 0.6 and clip[2].mean() < -0.8
+
+
+@pytest.mark.parametrize("fmt", ["mp4", "gif"])
+def test_clip_count_stride_and_fps(tmp_path, fmt):
+    write_video(counting_video(40), tmp_path / f"count.{fmt}", fps=24)
+    path = tmp_path / f"count.{fmt}"
+    assert frame_numbers(read_clip(path, VideoConfig(num_frames=6, frame_stride=3), 0.0).frames) == \
+        [0, 3, 6, 9, 12, 15]
+    # 24 fps resampled to 8 fps: every third frame; to 48 fps: every frame twice
+    assert frame_numbers(read_clip(path, VideoConfig(num_frames=4, fps=8), 0.0).frames) == [0, 3, 6, 9]
+    assert frame_numbers(read_clip(path, VideoConfig(num_frames=4, fps=48), 0.0).frames) == [0, 0, 1, 1]
+    # a random start: a contiguous strided run inside the video
+    numbers = frame_numbers(read_clip(path, VideoConfig(num_frames=5, frame_stride=2), 0.7).frames)
+    assert np.all(np.diff(numbers) == 2) and 0 < numbers[0] and numbers[-1] <= 39
+
+
+def test_first_and_last_frames_are_kept(tmp_path):
+    write_video(counting_video(20), tmp_path / "all.mp4", fps=24)
+    clip = read_clip(tmp_path / "all.mp4", VideoConfig(num_frames=20), 0.5)  # the whole video: one valid start
+    assert frame_numbers(clip.frames) == list(range(20))
+
+
+def test_seeking_decodes_only_part_of_a_long_video(tmp_path):
+    write_video(counting_video(60, 8).repeat(5, axis=0), tmp_path / "long.mp4", fps=24, keyframe_every=16)  # 300
+    clip = read_clip(tmp_path / "long.mp4", VideoConfig(num_frames=8), 0.9)
+    start = int(0.9 * (300 - 8 + 1))
+    assert len(clip.frames) == 8
+    assert clip.decoded <= 8 + 16  # from the keyframe before the clip, never the 300 frames
+    assert frame_numbers(clip.frames) == [(start + k) // 5 for k in range(8)]
+
+
+def test_clip_indices_checks():
+    spec = VideoConfig(num_frames=5, frame_stride=4)
+    assert clip_frame_indices(17, spec, 0.99).tolist() == [0, 4, 8, 12, 16]  # exactly fits: one start
+    with pytest.raises(VideoTooShort, match="fewer than the 17"):
+        clip_frame_indices(16, spec, 0.0)
+    assert clip_frame_indices(100, VideoConfig(num_frames=3, random_start=False), 0.9).tolist() == [0, 1, 2]
+    assert clip_times(2.0, VideoConfig(num_frames=3, fps=4), 0.0).tolist() == [0.0, 0.25, 0.5]
+    with pytest.raises(VideoTooShort, match="at 4 fps"):
+        clip_times(0.5, VideoConfig(num_frames=3, fps=4), 0.0)
+
+
+def test_resize_then_centre_crop_and_flip_are_the_same_on_every_frame():
+    frames = np.zeros((3, 20, 40, 3), np.uint8)
+    frames[:, :, :10] = 255  # a white band on the left, outside the centre crop
+    frames[:, :, 10:20, 0] = 255  # red: inside the crop's left half
+    clip = resize_crop_frames(frames, 10)
+    assert clip.shape == (3, 3, 10, 10)
+    assert torch.equal(clip[:, 0], clip[:, 1]) and torch.equal(clip[:, 1], clip[:, 2])
+    assert clip[0, :, :, :4].mean() > 0.9 and clip[0, :, :, 6:].mean() < -0.9  # red on the left, black right
+    flipped = resize_crop_frames(frames, 10, flip=True)
+    assert torch.equal(flipped, clip.flip(-1))
+
+
+def write_folder(root: Path) -> None:
+    for cls in ("00_red", "01_blue"):
+        (root / cls).mkdir(parents=True)
+    for i in range(3):
+        write_video(counting_video(12), root / "00_red" / f"good{i}.mp4")
+        write_video(counting_video(12), root / "01_blue" / f"good{i}.gif")
+        (root / "01_blue" / f"good{i}.txt").write_text("a blue clip\n")
+    data = (root / "00_red" / "good0.mp4").read_bytes()
+    (root / "00_red" / "truncated.mp4").write_bytes(data[: len(data) // 2])
+    write_video(counting_video(3), root / "01_blue" / "short.mp4")
+
+
+def test_truncated_and_too_short_videos_are_skipped_and_reported(tmp_path):
+    write_folder(tmp_path)
+    ds = VideoFolderDataset(tmp_path, 8, VideoConfig(num_frames=6, frame_stride=2), split="all")
+    assert ds.num_classes == 2 and len(ds) == 8
+    served = ReplaceUnreadable(ds)
+    samples = [served[(i, 1234 + i)] for i in range(len(ds))]
+    skipped = {key: reason for s in samples for key, reason in s["skipped"]}
+    assert set(skipped) == {"00_red/truncated.mp4", "01_blue/short.mp4"}
+    assert "fewer than the 11" in skipped["01_blue/short.mp4"]
+    batch = collate(samples)
+    assert batch["video"].shape == (8, 3, 6, 8, 8) and batch["video"].abs().max() <= 1
+    assert sum(s.get("text") == "a blue clip" for s in samples) >= 3
+
+
+def test_video_folder_source_from_config(tmp_path):
+    write_folder(tmp_path)
+    cfg = load_config("dit-debug", ["data.source=video_folder", f"data.path={tmp_path}", "data.image_size=8",
+                                    "data.video.num_frames=4", "data.video.fps=6"]).data
+    ds = build_dataset(cfg)
+    info = data_info(ds, cfg)
+    assert info.kind == "video" and info.num_classes == 2
+    assert ds[(1, 7)]["video"].shape == (3, 4, 8, 8)
+
+
+def test_moving_shapes_move_in_their_direction_and_flip_mirrors_them():
+    for index in range(12):
+        frames, label, direction, caption = render_moving_shapes(0, index, 32, 9, textured_fraction=0.0)
+        assert caption.endswith(f"moving {DIRECTIONS[direction]}") and 0 <= label < 16
+        moving = np.abs(frames.astype(int) - np.median(frames, axis=0)).sum(-1) > 60  # [T, H, W] shape pixels
+        ys, xs = np.nonzero(moving[0]), np.nonzero(moving[-1])
+        first = np.array([ys[1].mean(), ys[0].mean()])  # (x, y)
+        last = np.array([xs[1].mean(), xs[0].mean()])
+        dx, dy = last - first
+        expected = {"left": dx < -4, "right": dx > 4, "up": dy < -4, "down": dy > 4}[DIRECTIONS[direction]]
+        assert expected, (index, DIRECTIONS[direction], dx, dy)
+    again = render_moving_shapes(0, 5, 32, 9)
+    assert np.array_equal(again[0], render_moving_shapes(0, 5, 32, 9)[0])  # deterministic from (seed, index)
+    ds = MovingShapesDataset(64, 16, 5, flip=True)
+    flipped = [ds[(i, s)] for i in range(64) for s in range(4)]
+    plain = MovingShapesDataset(64, 16, 5)
+    mirrored = [s for s in flipped if not torch.equal(s["video"], plain[int(s["key"][-8:])]["video"])]
+    assert mirrored
+    for sample in mirrored:
+        original = plain[int(sample["key"][-8:])]
+        assert torch.equal(sample["video"], original["video"].flip(-1))
+        assert DIRECTIONS[sample["direction"]] == {"left": "right", "right": "left"}.get(
+            DIRECTIONS[original["direction"]], DIRECTIONS[original["direction"]])
+        assert sample["text"].endswith(DIRECTIONS[sample["direction"]])
+
+
+def test_moving_shapes_folder_reads_back_as_a_video_folder(tmp_path):
+    write_moving_shapes_folder(tmp_path, 6, 16, 9, fmt="gif")
+    ds = VideoFolderDataset(tmp_path, 16, VideoConfig(num_frames=9), split="all")
+    assert len(ds) == 6 and ds.num_classes == 16
+    sample = ds[0]
+    assert sample["video"].shape == (3, 9, 16, 16) and "moving" in sample["text"]
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_video_previews_are_animated_grids(tmp_path, suffix):
+    videos = torch.rand(4, 3, 5, 8, 8) * 2 - 1
+    path = write_preview(videos, tmp_path / f"preview{suffix}", nrow=2)
+    frames = read_clip(path, VideoConfig(num_frames=5)).frames
+    assert frames.shape[0] == 5 and frames.shape[1] >= 2 * 8 and frames.shape[2] >= 2 * 8
