@@ -37,6 +37,7 @@ class DataSource:
     name: str
     path_help: str | None = None  # what data.path names; data.path is required when set
     resize: str = ""  # how images become data.image_size pixels (recorded in caches and reference statistics)
+    field: str = "image"  # the sample's key of its pixels: "image" [C, H, W], or "video" [C, T, H, W] for clips
 
     def check(self, cfg: DataConfig) -> None:
         """Config checks of this source (ValueError naming the field)."""

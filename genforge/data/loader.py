@@ -53,6 +53,11 @@ def image_data(cfg: DataConfig) -> DataConfig | None:
     return source_of(cfg).image_data(cfg)
 
 
+def pixel_field(cfg: DataConfig) -> str:
+    """The batch field of the source's pixels: "image", or "video" for clips [C, T, H, W]."""
+    return source_of(cfg).field
+
+
 def heldout_split(cfg: DataConfig) -> str:
     """The split tokenizers are scored on and their previews drawn from: held-out images when the source has any
     (shapes: another seed; a folder: data.val_fraction > 0), else the training data (shards: in order)."""
@@ -78,12 +83,13 @@ def heldout_samples(cfg: DataConfig, n: int, spread: bool = False) -> Iterator[d
         size = len(dataset)
         indices = [i * size // n for i in range(n)] if spread and size > n else range(size)
         items = (dataset[i] for i in indices)
-    return itertools.islice((item for item in items if "image" in item), n)  # skip unreadable files
+    return itertools.islice((item for item in items if "bad" not in item), n)  # skip unreadable files
 
 
-def heldout_batches(cfg: DataConfig, n: int, batch_size: int) -> Iterator[Tensor]:
-    """The first `n` readable images of `heldout_split(cfg)`, unflipped, in batches [b, C, H, W] in [-1, 1]."""
-    readable = (item["image"] for item in heldout_samples(cfg, n))
+def heldout_batches(cfg: DataConfig, n: int, batch_size: int, field: str = "image") -> Iterator[Tensor]:
+    """The first `n` readable images (or clips: `field` "video") of `heldout_split(cfg)`, unflipped, in batches
+    [b, C, H, W] ([b, C, T, H, W]) in [-1, 1]."""
+    readable = (item[field] for item in heldout_samples(cfg, n))
     while batch := list(itertools.islice(readable, batch_size)):
         yield torch.stack(batch)
 

@@ -128,6 +128,7 @@ class MovingShapesSource(DataSource):
     `data.video.num_frames`); the held-out split is another seed."""
 
     name = "moving_shapes"
+    field = "video"
     resize = "rendered at data.image_size (4x supersampled, box-filtered)"
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> MovingShapesDataset:

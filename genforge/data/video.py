@@ -216,6 +216,7 @@ class VideoFolderSource(FolderSource):
     folder (class names from the sub-folders)."""
 
     name = "video_folder"
+    field = "video"
     path_help = "a folder of videos"
     resize = ("short side resized to data.image_size (bicubic, antialiased), centre crop; the same crop and flip "
               "on every frame")

@@ -85,7 +85,10 @@ class PreNormBlock(nn.Module):
         self.attn = Attention(dim, heads)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
-    def forward(self, x: Tensor, keep: Tensor | None = None) -> Tensor:
-        """x [B, L, D], keep bool [B, L] (True = a real token, attended to; None: every token) -> [B, L, D]."""
-        x = x + self.attn(self.norm1(x), None if keep is None else keep[:, None, None, :])  # key padding [B,1,1,L]
+    def forward(self, x: Tensor, keep: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        """x [B, L, D], keep bool [B, L] (True = a real token, attended to; None: every token) -> [B, L, D];
+        or `mask` bool [L, L] (True = may attend), e.g. causal."""
+        if keep is not None:
+            mask = keep[:, None, None, :]  # key padding [B, 1, 1, L]
+        x = x + self.attn(self.norm1(x), mask)
         return x + self.mlp(self.norm2(x))

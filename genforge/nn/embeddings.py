@@ -67,6 +67,18 @@ class LabelEmbedder(nn.Module):
         return self.embedding_table(labels)  # [B, hidden]
 
 
+def sincos_pos_embed_1d(dim: int, length: int) -> Tensor:
+    """Fixed 1-D sin-cos position embedding [length, dim] (Vaswani et al. 2017): position p as
+    [sin(p·ω_0..ω_{k-1}), cos(p·ω_0..ω_{k-1})], ω_i = 10000^(-i/k), k = dim/2; any length (videos of any
+    number of frames)."""
+    if dim % 2:
+        raise ValueError(f"1-D sin-cos position embedding needs an even width, got {dim}")
+    k = dim // 2
+    omega = 1.0 / 10_000 ** (torch.arange(k, dtype=torch.float64) / k)  # [k]
+    args = torch.arange(length, dtype=torch.float64)[:, None] * omega[None]  # [length, k]
+    return torch.cat([torch.sin(args), torch.cos(args)], dim=1).float()
+
+
 def sincos_pos_embed_2d(dim: int, grid_h: int, grid_w: int) -> Tensor:
     """Fixed 2-D sin-cos position embedding [grid_h·grid_w, dim] (MAE; DiT §3.2 "Patchify").
 

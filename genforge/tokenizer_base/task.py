@@ -5,6 +5,11 @@ generator phase:     L = rec(x̂, x) + w_p·perceptual(x̂, x) + regulariser + �
 discriminator phase: hinge(D(x), D(x̂.detach())) + γ/2·N·R1 every N steps
 A subclass builds `self.autoencoder` (the codec) and implements `autoencode` (x -> x̂, its regulariser and
 its logs) and `last_layer` (the decoder weight λ is measured on).
+
+Video tokenizers (data of kind "video", batch field `video` [B, C, T, H, W]) use the same losses: the
+reconstruction loss over every frame, the perceptual loss and the 2-D patch discriminator on one randomly drawn
+frame per clip (Phenaki trains C-ViViT's image losses on sampled frames; the draw comes from the batch's
+reproducible random stream).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class TokenizerTask(Task):
         self.cfg = cfg
         self.data_cfg = ctx.data
         self.image_channels = ctx.info.channels
+        self.field = "video" if ctx.info.kind == "video" else "image"  # the batch field the codec reconstructs
         self.perceptual = None
         if cfg.perceptual.weight > 0:
             p = cfg.perceptual
@@ -73,15 +79,29 @@ class TokenizerTask(Task):
         module = self.discriminator if phase == "discriminator" else self.autoencoder
         return [p for p in module.parameters() if p.requires_grad]
 
+    @staticmethod
+    def frame_draw(x: Tensor, rng: BatchRandom) -> Tensor | None:
+        """For clips x [B, C, T, H, W]: one frame index per clip [B], drawn from the batch's stream; None for images."""
+        if x.ndim == 4:
+            return None
+        return (rng.rand().to(x.device) * x.shape[2]).long().clamp_(max=x.shape[2] - 1)
+
+    @staticmethod
+    def as_frames(x: Tensor, index: Tensor | None) -> Tensor:
+        """Images [B, C, H, W] as they are; clips [B, C, T, H, W] -> frame index[b] of each clip [B, C, H, W]."""
+        return x if index is None else x[torch.arange(len(x), device=x.device), :, index]
+
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         if phase == "discriminator":
             return self.discriminator_loss(batch, step)
-        image, rng = batch["image"], batch["rng"]
-        recon, regulariser, logs = self.autoencode(image, rng, step)  # [B, C, H, W]
+        image, rng = batch[self.field], batch["rng"]
+        recon, regulariser, logs = self.autoencode(image, rng, step)  # [B, C, H, W] or [B, C, T, H, W]
         nll = RECONSTRUCTION_LOSSES[self.cfg.reconstruction_loss](recon.float(), image.float())
         logs["reconstruction"] = nll.detach()
+        frame = self.frame_draw(image, rng)  # the frame of each clip the image losses see (None: images)
         if self.perceptual is not None:
-            perceptual = self.perceptual(recon[:, :3], image[:, :3]).mean()
+            perceptual = self.perceptual(self.as_frames(recon, frame)[:, :3],
+                                         self.as_frames(image, frame)[:, :3]).mean()
             logs["perceptual"] = perceptual.detach()
             nll = nll + self.cfg.perceptual.weight * perceptual
         loss = nll + regulariser
@@ -90,7 +110,7 @@ class TokenizerTask(Task):
             self._fakes = {k: v for k, v in self._fakes.items() if k[0] == step}  # keep this step's only
             self._fakes[(step, rng.offset)] = recon.detach()
             if step >= gan.start_step and gan.weight > 0:
-                generator_loss = -self.discriminator(recon).float().mean()
+                generator_loss = -self.discriminator(self.as_frames(recon, frame)).float().mean()
                 weight = gan.weight
                 if gan.adaptive and torch.is_grad_enabled():
                     weight = weight * adaptive_weight(nll, generator_loss, self.last_layer())
@@ -100,8 +120,9 @@ class TokenizerTask(Task):
         return loss, logs
 
     def discriminator_loss(self, batch: Batch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """Hinge loss on real images and this step's reconstructions, plus the lazy R1 penalty."""
-        image, rng = batch["image"], batch["rng"]
+        """Hinge loss on real images and this step's reconstructions (clips: one drawn frame of each), plus the lazy
+        R1 penalty."""
+        image, rng = batch[self.field], batch["rng"]
         fake = self._fakes.get((step, rng.offset))
         if fake is None:  # the generator phase did not run on this batch (e.g. called on its own)
             was_training = self.autoencoder.training
@@ -111,9 +132,11 @@ class TokenizerTask(Task):
             self.autoencoder.train(was_training)
         gan = self.cfg.gan
         penalise = gan.r1_weight > 0 and step % gan.r1_every == 0
-        real = image.detach().requires_grad_(penalise)
+        frame = self.frame_draw(image, rng)
+        real = self.as_frames(image, frame).detach().requires_grad_(penalise)
         real_logits = self.discriminator(real)
-        loss = hinge_discriminator_loss(real_logits.float(), self.discriminator(fake.detach()).float())
+        fake_logits = self.discriminator(self.as_frames(fake, frame).detach())
+        loss = hinge_discriminator_loss(real_logits.float(), fake_logits.float())
         logs = {"hinge": loss.detach(), "logits_real": real_logits.detach().float().mean()}
         if penalise:
             penalty = r1_penalty(real_logits, real)
@@ -123,18 +146,18 @@ class TokenizerTask(Task):
 
     # ----------------------------------------------------------------------------------- previews
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
-        """The first `n` held-out images (the same ones every time, so previews are comparable)."""
-        images = next(heldout_batches(self.data_cfg, n, n), None)
+        """The first `n` held-out images or clips (the same ones every time, so previews are comparable)."""
+        images = next(heldout_batches(self.data_cfg, n, n, self.field), None)
         if images is None:
-            raise ValueError("no readable held-out images to reconstruct")
-        return Batch(image=images.to(generator.device))
+            raise ValueError(f"no readable held-out {self.field}s to reconstruct")
+        return Batch({self.field: images.to(generator.device)})
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
-        """Reconstructions of `cond["image"]` through the codec, in [-1, 1]."""
+        """Reconstructions of the held-out images or clips through the codec, in [-1, 1]."""
         device = next(self.autoencoder.parameters()).device
-        return self.reconstruct(cond["image"].to(device)).float().clamp(-1, 1)
+        return self.reconstruct(cond[self.field].to(device)).float().clamp(-1, 1)
 
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
-        """Rows of 8 originals, each followed by a row of their reconstructions."""
-        return interleave_rows([cond["image"], images])
+        """Rows of 8 originals, each followed by a row of their reconstructions (clips: an animated grid)."""
+        return interleave_rows([cond[self.field], images])

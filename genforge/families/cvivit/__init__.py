@@ -1,0 +1,9 @@
+"""cvivit: Phenaki's causal video tokenizer C-ViViT (first frame + tubelets, spatial then causal temporal
+transformers, VQ / LFQ / FSQ), a TokenCodec of videos for Phenaki."""
+
+from pathlib import Path
+
+from genforge.core.family import register_family
+from genforge.families.cvivit.config import CViViTConfig
+
+register_family(CViViTConfig, "genforge.families.cvivit.task:CViViTTask", Path(__file__).parent / "presets")

@@ -1,0 +1,46 @@
+"""Config of the `cvivit` family: Phenaki's C-ViViT video tokenizer (Villegas et al. 2022, §2.1), trained with the
+shared tokenizer losses (genforge.tokenizer_base) and any shared quantizer (VQ, LFQ, FSQ: genforge.nn.quantizers)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from genforge.core.config import DataConfig
+from genforge.nn.quantizers import QuantizerConfig
+from genforge.tokenizer_base.config import GANConfig, TokenizerConfig
+
+
+class CViViTConfig(TokenizerConfig):
+    """Patch sizes, widths and depths of the encoder (spatial, then causal temporal transformer blocks) and its
+    mirrored decoder."""
+
+    family: Literal["cvivit"] = "cvivit"
+    default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim", "codebook")
+    roles: ClassVar[tuple[str, ...]] = ("tokenizer", "discrete")
+    dim: int = Field(256, gt=0, description="transformer width")
+    patch_size: int = Field(8, ge=1, description="spatial patch side (Phenaki: 8)")
+    temporal_patch_size: int = Field(2, ge=1, description="frames per tubelet after the first frame (Phenaki: 2)")
+    spatial_depth: int = Field(4, ge=1, description="spatial transformer blocks of the encoder (and the decoder)")
+    temporal_depth: int = Field(4, ge=1, description="causal temporal transformer blocks of the encoder (and decoder)")
+    num_heads: int = Field(8, ge=1)
+    mlp_ratio: float = Field(4.0, gt=0.0)
+    quantizer: QuantizerConfig = QuantizerConfig(codebook_size=1024)
+    gan: GANConfig | None = GANConfig()
+
+    def downsample(self) -> int:
+        return self.patch_size
+
+    def check_data(self, data: DataConfig) -> None:
+        super().check_data(data)
+        if self.dim % self.num_heads:
+            raise ValueError(f"model.dim={self.dim} must be divisible by model.num_heads={self.num_heads}")
+        if self.dim % 4:
+            raise ValueError(f"model.dim={self.dim} must be divisible by 4 (2-D sin-cos positions)")
+        frames = data.video.num_frames
+        if (frames - 1) % self.temporal_patch_size:
+            raise ValueError(f"data.video.num_frames={frames}: num_frames - 1 must be divisible by "
+                             f"model.temporal_patch_size={self.temporal_patch_size} (the first frame is a patch of "
+                             f"its own, then tubelets of {self.temporal_patch_size} frames), e.g. "
+                             f"{1 + self.temporal_patch_size * max(1, (frames - 1) // self.temporal_patch_size)}")

@@ -1,0 +1,125 @@
+"""C-ViViT: the causal video tokenizer of Phenaki (Villegas et al. 2022, "Phenaki: Variable Length Video Generation
+from Open Domain Textual Descriptions", §2.1 and Fig. 2).
+
+video [B, C, T, H, W], T = 1 + k·pt
+  -> first frame in p×p patches, the rest in pt×p×p tubelets, each linearly embedded: tokens [B, t, h, w, D],
+     t = 1 + (T − 1)/pt, h = H/p, w = W/p  (the first frame on its own, so an image is a 1-frame video)
+  -> spatial transformer blocks (attention within each token frame) -> causal temporal transformer blocks
+     (attention along t at each position, to the current and earlier token frames only)
+  -> quantizer: ids [B, t, h, w]
+  -> mirrored decoder (causal temporal blocks, spatial blocks) -> linear maps back to the first frame's patches
+     and the tubelets -> video [B, C, T, H, W].
+Causal attention in time makes the tokens of token frame i depend on the frames up to its tubelet only, so a clip
+can be continued (Phenaki's variable length). Positions are fixed sin-cos tables (2-D in space, 1-D in time), so
+any number of frames works.
+
+Shapes: B batch, C channels, T frames, H = W side, p patch, pt temporal patch, D width.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from genforge.families.cvivit.config import CViViTConfig
+from genforge.nn.attention import PreNormBlock
+from genforge.nn.embeddings import sincos_pos_embed_1d, sincos_pos_embed_2d
+from genforge.nn.quantizers import Quantizing
+
+
+class SpaceTimeTransformer(nn.Module):
+    """`spatial_depth` blocks over the h·w tokens of each token frame, then `temporal_depth` causal blocks over the
+    t token frames of each position (the encoder's order; the decoder runs them the other way round)."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, spatial_depth: int, temporal_depth: int,
+                 temporal_first: bool) -> None:
+        super().__init__()
+        self.spatial = nn.ModuleList(PreNormBlock(dim, heads, mlp_ratio) for _ in range(spatial_depth))
+        self.temporal = nn.ModuleList(PreNormBlock(dim, heads, mlp_ratio) for _ in range(temporal_depth))
+        self.temporal_first = temporal_first
+        self.norm = nn.LayerNorm(dim)
+
+    def run_spatial(self, x: Tensor) -> Tensor:
+        b, t, h, w, d = x.shape
+        x = x.reshape(b * t, h * w, d) + sincos_pos_embed_2d(d, h, w).to(x)  # [B·t, h·w, D]
+        for block in self.spatial:
+            x = block(x)
+        return x.view(b, t, h, w, d)
+
+    def run_temporal(self, x: Tensor) -> Tensor:
+        b, t, h, w, d = x.shape
+        x = rearrange(x, "b t h w d -> (b h w) t d") + sincos_pos_embed_1d(d, t).to(x)  # [B·h·w, t, D]
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # token frame i sees frames <= i
+        for block in self.temporal:
+            x = block(x, mask=causal)
+        return rearrange(x, "(b h w) t d -> b t h w d", b=b, h=h, w=w)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [B, t, h, w, D] -> [B, t, h, w, D]."""
+        if self.temporal_first:
+            x = self.run_spatial(self.run_temporal(x))
+        else:
+            x = self.run_temporal(self.run_spatial(x))
+        return self.norm(x)
+
+
+class CViViT(Quantizing):
+    """TokenCodec for videos: encode = ids [B, t, h, w] of the quantized encoder tokens, decode = the decoder's video.
+    Images [B, C, H, W] are taken as 1-frame videos and come back as images."""
+
+    def __init__(self, cfg: CViViTConfig, channels: int) -> None:
+        super().__init__()
+        p, pt, dim = cfg.patch_size, cfg.temporal_patch_size, cfg.dim
+        self.channels, self.patch, self.temporal_patch = channels, p, pt
+        self.downsample, self.temporal_downsample = p, pt
+        # ---- patch embeddings (Phenaki Fig. 2: LayerNorm -> Linear -> LayerNorm)
+        self.embed_first = nn.Sequential(nn.LayerNorm(channels * p * p), nn.Linear(channels * p * p, dim),
+                                         nn.LayerNorm(dim))
+        self.embed_tubes = nn.Sequential(nn.LayerNorm(channels * pt * p * p), nn.Linear(channels * pt * p * p, dim),
+                                         nn.LayerNorm(dim))
+        blocks = dict(dim=dim, heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, spatial_depth=cfg.spatial_depth,
+                      temporal_depth=cfg.temporal_depth)
+        self.encoder = SpaceTimeTransformer(**blocks, temporal_first=False)
+        self.init_quantizer(cfg.quantizer, dim)  # .quantizer, and .pending for an EMA codebook
+        self.decoder = SpaceTimeTransformer(**blocks, temporal_first=True)
+        self.to_first = nn.Linear(dim, channels * p * p)
+        self.to_tubes = nn.Linear(dim, channels * pt * p * p)
+
+    # --------------------------------------------------------------------------------------- pieces
+    def encode_latent(self, video: Tensor) -> Tensor:
+        """video [B, C, T, H, W] (or an image [B, C, H, W]) -> z [B, D, t, h, w] (before quantization)."""
+        if video.ndim == 4:
+            video = video[:, :, None]
+        if (video.shape[2] - 1) % self.temporal_patch:
+            raise ValueError(f"C-ViViT with temporal patch {self.temporal_patch} needs 1 + k·{self.temporal_patch} "
+                             f"frames, got {video.shape[2]}")
+        p, pt = self.patch, self.temporal_patch
+        first = rearrange(video[:, :, :1], "b c 1 (h p1) (w p2) -> b 1 h w (c p1 p2)", p1=p, p2=p)
+        tokens = self.embed_first(first)  # [B, 1, h, w, D]
+        if video.shape[2] > 1:
+            tubes = rearrange(video[:, :, 1:], "b c (t pt) (h p1) (w p2) -> b t h w (c pt p1 p2)", pt=pt, p1=p, p2=p)
+            tokens = torch.cat([tokens, self.embed_tubes(tubes)], dim=1)  # [B, t, h, w, D]
+        return rearrange(self.encoder(tokens), "b t h w d -> b d t h w")
+
+    def decode_latent(self, zq: Tensor, image: bool = False) -> Tensor:
+        """zq [B, D, t, h, w] -> video [B, C, 1 + (t − 1)·pt, H, W] (with `image` and t = 1: [B, C, H, W])."""
+        x = self.decoder(rearrange(zq, "b d t h w -> b t h w d"))  # [B, t, h, w, D]
+        p, pt, c = self.patch, self.temporal_patch, self.channels
+        first = rearrange(self.to_first(x[:, :1]), "b 1 h w (c p1 p2) -> b c 1 (h p1) (w p2)", c=c, p1=p, p2=p)
+        if image and x.shape[1] == 1:
+            return first[:, :, 0]
+        if x.shape[1] == 1:
+            return first
+        tubes = rearrange(self.to_tubes(x[:, 1:]), "b t h w (c pt p1 p2) -> b c (t pt) (h p1) (w p2)", c=c, pt=pt,
+                          p1=p, p2=p)
+        return torch.cat([first, tubes], dim=2)  # [B, C, T, H, W]
+
+    # ----------------------------------------------------------------------------------- TokenCodec
+    def encode(self, video: Tensor) -> Tensor:
+        """video [B, C, T, H, W] in [-1, 1] -> ids long [B, t, h, w] in [0, codebook_size) (an image: [B, 1, h, w])."""
+        return self.quantize(self.encode_latent(video)).ids
+
+    def decode(self, ids: Tensor) -> Tensor:
+        """ids long [B, t, h, w] -> video [B, C, 1 + (t − 1)·pt, h·p, w·p]."""
+        return self.decode_latent(self.codes(ids))

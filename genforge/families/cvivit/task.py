@@ -1,0 +1,43 @@
+"""cvivit as a Task: the shared tokenizer objective (genforge/tokenizer_base/task.py) on clips: reconstruction of
+every frame, perceptual and adaptive patch-GAN terms on a drawn frame of each clip, the quantizer's loss
+(commitment; LFQ's entropy), the discriminator (with R1) as the second phase. Image batches train it as 1-frame
+videos (joint image + video training)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from genforge.core.family import BuildContext
+from genforge.core.random import BatchRandom
+from genforge.eval.tokenizer_metrics import batch_codebook_usage
+from genforge.families.cvivit.config import CViViTConfig
+from genforge.families.cvivit.model import CViViT
+from genforge.tokenizer_base.task import TokenizerTask
+
+
+class CViViTTask(TokenizerTask):
+    """Trains a CViViT; its codec's ids [B, t, h, w] are what Phenaki models."""
+
+    def __init__(self, cfg: CViViTConfig, ctx: BuildContext) -> None:
+        super().__init__(cfg, ctx)
+        self.autoencoder = CViViT(cfg, ctx.info.channels)
+        self._last_was_image = False
+
+    def autoencode(self, video: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        ae = self.autoencoder
+        z = ae.encode_latent(video)  # [B, D, t, h, w]
+        q = ae.quantize(z, step if ae.training else None, rng)
+        self._last_was_image = z.shape[2] == 1
+        recon = ae.decode_latent(q.zq, image=video.ndim == 4)  # the input's shape
+        return recon, q.loss, {**q.logs, **batch_codebook_usage(q.ids, ae.codebook_size)}
+
+    def end_step(self, step: int) -> None:
+        """Apply the step's codebook statistics on every rank (as vqgan does)."""
+        if self.autoencoder.pending is not None:
+            self.autoencoder.apply_pending()
+
+    def last_layer(self) -> Tensor:
+        """The output map the last batch's reconstruction went through: the tubelets' (clips) or the first
+        frame's (images)."""
+        ae = self.autoencoder
+        return ae.to_first.weight if self._last_was_image else ae.to_tubes.weight

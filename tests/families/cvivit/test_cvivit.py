@@ -1,0 +1,78 @@
+"""C-ViViT: shapes, causality in time, ids inside the vocabulary, images as 1-frame videos, config checks, eval."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from genforge.app.config import load_config
+from genforge.cli import app
+from genforge.families.cvivit.config import CViViTConfig
+from genforge.families.cvivit.model import CViViT
+from genforge.nn.quantizers import QuantizerConfig
+
+runner = CliRunner()
+
+
+def tiny(kind: str = "vq", **quantizer) -> CViViT:
+    torch.manual_seed(0)
+    q = QuantizerConfig(kind=kind, **quantizer)
+    cfg = CViViTConfig(dim=32, patch_size=4, temporal_patch_size=2, spatial_depth=1, temporal_depth=2, num_heads=2,
+                       quantizer=q)
+    return CViViT(cfg, 3).eval()
+
+
+def test_shapes_of_codes_and_reconstructions():
+    model = tiny(codebook_size=64)
+    video = torch.rand(2, 3, 7, 16, 16) * 2 - 1
+    ids = model.encode(video)
+    assert ids.shape == (2, 4, 4, 4) and ids.dtype == torch.long  # t = 1 + 6/2
+    assert model.decode(ids).shape == (2, 3, 7, 16, 16)
+    image = video[:, :, 0]
+    assert model.encode(image).shape == (2, 1, 4, 4)  # an image is a 1-frame video
+    z = model.encode_latent(image)
+    assert model.decode_latent(model.quantize(z).zq, image=True).shape == (2, 3, 16, 16)
+    with pytest.raises(ValueError, match="1 \\+ k·2 frames"):
+        model.encode(torch.zeros(1, 3, 6, 16, 16))
+
+
+def test_tokens_of_a_frame_do_not_depend_on_later_frames():
+    model = tiny(codebook_size=64)
+    video = torch.rand(1, 3, 9, 16, 16) * 2 - 1  # token frames: 0 <- frame 0, 1 <- 1-2, 2 <- 3-4, 3 <- 5-6, 4 <- 7-8
+    changed = video.clone()
+    changed[:, :, 5:] = torch.rand(1, 3, 4, 16, 16) * 2 - 1
+    z, z_changed = model.encode_latent(video), model.encode_latent(changed)
+    assert torch.equal(z[:, :, :3], z_changed[:, :, :3])  # token frames fed by frames 0-4 only: unchanged
+    assert not torch.allclose(z[:, :, 3:], z_changed[:, :, 3:])
+    assert torch.equal(model.encode(video)[:, :3], model.encode(changed)[:, :3])
+    recon, recon_changed = model.decode(model.encode(video)), model.decode(model.encode(changed))
+    assert torch.equal(recon[:, :, :5], recon_changed[:, :, :5])  # the decoder is causal too
+
+
+@pytest.mark.parametrize("kind, quantizer", [("vq", {"codebook_size": 64}), ("lfq", {"codebook_size": 32}),
+                                             ("fsq", {"levels": [5, 3, 3], "codebook_size": 512})])
+def test_ids_always_lie_inside_the_vocabulary(kind, quantizer):
+    if kind == "fsq":
+        quantizer.pop("codebook_size")
+    model = tiny(kind, **quantizer)
+    size = model.codebook_size
+    video = torch.randn(4, 3, 5, 16, 16) * 3  # far outside the data range
+    ids = model.encode(video)
+    assert ids.min() >= 0 and ids.max() < size
+    assert model.decode(ids).shape == (4, 3, 5, 16, 16)
+
+
+def test_num_frames_must_fit_the_tubelets():
+    with pytest.raises(Exception, match="num_frames - 1 must be divisible by model.temporal_patch_size=2"):
+        load_config("cvivit-debug", ["data.video.num_frames=6"])
+
+
+def test_train_then_evaluate_per_frame(tmp_path):
+    run = tmp_path / "run"
+    out = runner.invoke(app, ["train", "cvivit-debug", "--run-dir", str(run)])
+    assert out.exit_code == 0, out.output
+    assert list((run / "samples").glob("*.gif"))  # video previews
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "psnr,ssim,codebook", "--n", "4"])
+    assert out.exit_code == 0, out.output
+    assert "psnr" in out.output and "codebook_usage" in out.output

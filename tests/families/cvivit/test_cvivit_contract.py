@@ -1,0 +1,5 @@
+from family_contract import FamilyContract
+
+
+class TestCViViT(FamilyContract):
+    preset = "cvivit-debug"
