@@ -18,14 +18,15 @@ LAYERS = [
     ("genforge.diffusion", "genforge.text", "genforge.masking"),
     ("genforge.data",),
     ("genforge.eval",),
-    ("genforge.tokenizer_base",),
+    ("genforge.tokenizer_base", "genforge.masked_base"),
     ("genforge.families",),
     ("genforge.engine",),
     ("genforge.app",),
     ("genforge.cli", "genforge.testing"),
     ("genforge.__main__",),
 ]
-FORBIDDEN = {("genforge.engine", "genforge.families"), ("genforge.engine", "genforge.tokenizer_base")}
+FORBIDDEN = {("genforge.engine", "genforge.families"), ("genforge.engine", "genforge.tokenizer_base"),
+             ("genforge.engine", "genforge.masked_base")}
 
 
 def modules() -> dict[str, Path]:

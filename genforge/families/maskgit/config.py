@@ -2,55 +2,17 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
-from pydantic import Field, model_validator
-
-from genforge.core.codec import InputRun
-from genforge.core.config import DataConfig, FamilyConfig
+from genforge.core.config import DataConfig
 from genforge.data.loader import image_data
-from genforge.nn.codec import TokenInputConfig
-from genforge.text.config import TextEncoderConfig
+from genforge.masked_base.config import MaskedTokenConfig
 
 
-class MaskGITConfig(FamilyConfig):
+class MaskGITConfig(MaskedTokenConfig):
     """MUSE base transformer (Chang et al. 2023) trained with MaskGIT's masked-token objective (Chang et al. 2022)."""
 
     family: Literal["maskgit"] = "maskgit"
-    default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
-    tokens: TokenInputConfig
-    codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
-                                                               "size (default: taken from it)")
-    seq_len: int | None = Field(None, gt=0, description="tokens per image; must equal the tokenizer's latent grid "
-                                                        "(h·w) at data.image_size (default: taken from it)")
-    depth: int = Field(8, gt=0)
-    width: int = Field(256, gt=0)
-    num_heads: int = Field(8, gt=0)
-    mlp_ratio: float = Field(4.0, gt=0.0)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    conditioning: Literal["text", "class", "none"] = "text"
-    text: TextEncoderConfig = TextEncoderConfig()
-    num_classes: int | None = Field(None, gt=0, description="conditioning=class: default from the data set")
-    cond_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0, description="share of samples trained unconditionally "
-                                                                      "(classifier-free guidance)")
-    mask_schedule: Literal["cosine", "linear", "square"] = Field(
-        "cosine", description="γ(r), the masked share at r ~ U(0, 1) (MaskGIT §3.3: cosine)")
-    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
-    sample_steps: int = Field(12, gt=0, description="parallel decoding iterations")
-    cfg_scale: float = Field(3.0, ge=1.0, description="classifier-free guidance scale (1: none)")
-    temperature: float = Field(1.0, gt=0.0, description="softmax temperature of the sampled tokens")
-    choice_temperature: float = Field(4.5, ge=0.0, description="Gumbel noise on the confidences, annealed "
-                                                               "linearly to 0 (MaskGIT's re-masking)")
-    sample_prompts: list[str] | None = Field(None, description="prompts of preview grids and of evaluation without "
-                                                                "--prompt (default for shapes data: held-out captions)")
-
-    @model_validator(mode="after")
-    def _widths(self) -> "MaskGITConfig":
-        if self.width % self.num_heads:
-            raise ValueError(f"model.width={self.width} must be divisible by model.num_heads={self.num_heads}")
-        if self.conditioning != "class" and self.num_classes is not None:
-            raise ValueError("model.num_classes applies to model.conditioning=class")
-        return self
 
     def check_data(self, data: DataConfig) -> None:
         tokenizer = self.tokens.codec == "tokenizer"
@@ -73,13 +35,8 @@ class MaskGITConfig(FamilyConfig):
         if image_size % downsample:
             raise ValueError(f"data.image_size={image_size} must be divisible by {downsample_source}={downsample}")
         grid = (image_size // downsample) ** 2
-        if self.codebook_size is not None and self.codebook_size != codebook_size:
-            raise ValueError(f"model.codebook_size={self.codebook_size} differs from the codebook size of "
-                             f"{codebook_source} ({codebook_size}); set it to {codebook_size} or leave it out")
+        self.check_vocabulary(codebook_size, codebook_source)
         if self.seq_len is not None and self.seq_len != grid:
             raise ValueError(f"model.seq_len={self.seq_len} differs from the token grid of {downsample_source} at "
                              f"data.image_size={image_size} ({image_size // downsample}x{image_size // downsample} "
                              f"= {grid}); set it to {grid} or leave it out")
-
-    def input_runs(self) -> dict[str, InputRun]:
-        return self.tokens.input_runs()

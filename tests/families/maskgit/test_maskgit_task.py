@@ -12,7 +12,7 @@ from genforge.cli import app
 from genforge.app.config import ConfigError, load_config
 from genforge.data.loader import build_dataset, collate, data_info
 from genforge.core.random import BatchRandom
-from genforge.families.maskgit import task as task_module
+from genforge.masked_base import task as task_module
 from genforge.masking import guided_logits
 
 runner = CliRunner()

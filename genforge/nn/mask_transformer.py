@@ -1,5 +1,6 @@
 """MUSE's base transformer (Chang et al. 2023, "Muse: Text-To-Image Generation via Masked Generative
-Transformers", §2.2) over the token ids of a VQ tokenizer, as trained by MaskGIT (Chang et al. 2022).
+Transformers", §2.2) over the token ids of a VQ tokenizer, as trained by MaskGIT (Chang et al. 2022); shared by the
+token generators (maskgit over image ids, phenaki over video ids with its own position embeddings).
 
 ids (+ [MASK]) -> token + learned position embeddings -> `depth` pre-norm blocks of self-attention,
 cross-attention to the conditioning context, MLP -> LayerNorm -> logits over the codebook.
@@ -37,7 +38,7 @@ class MaskTransformerBlock(nn.Module):
         return x + self.dropout(self.mlp(self.norm3(x)))  # [B, N, D]
 
 
-class MaskGIT(nn.Module):
+class MaskTransformer(nn.Module):
     """Bidirectional transformer predicting every token of an image from the unmasked ones and a context.
 
     text_dim > 0: the context is text embeddings [B, T, text_dim] projected to the width; num_classes > 0: one
@@ -49,7 +50,7 @@ class MaskGIT(nn.Module):
                  mlp_ratio: float = 4.0, dropout: float = 0.0, text_dim: int = 0, num_classes: int = 0) -> None:
         super().__init__()
         if text_dim and num_classes:
-            raise ValueError("MaskGIT is conditioned on text or on classes, not both")
+            raise ValueError("a mask transformer is conditioned on text or on classes, not both")
         self.codebook_size, self.seq_len, self.mask_id = codebook_size, seq_len, codebook_size
         self.token_embed = nn.Embedding(codebook_size + 1, width)  # + [MASK]
         self.pos_embed = nn.Parameter(torch.zeros(1, seq_len, width))  # learned [1, N, D]
@@ -91,11 +92,15 @@ class MaskGIT(nn.Module):
             return null, keep_null
         return torch.cat([null, tokens], dim=1), torch.cat([keep_null, mask], dim=1)
 
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        """ids long [B, N] in [0, K] -> token + position embeddings [B, N, D] (learned positions, one per token)."""
+        if ids.shape[1] != self.seq_len:
+            raise ValueError(f"the mask transformer was built for {self.seq_len} tokens, got {tuple(ids.shape)}")
+        return self.token_embed(ids) + self.pos_embed
+
     def hidden(self, ids: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
         """ids long [B, N] in [0, K] (K = [MASK]) -> final hidden states [B, N, D] (before the head)."""
-        if ids.shape[1] != self.seq_len:
-            raise ValueError(f"MaskGIT built for {self.seq_len} tokens, got {tuple(ids.shape)}")
-        x = self.embed_dropout(self.token_embed(ids) + self.pos_embed)  # [B, N, D]
+        x = self.embed_dropout(self.embed_tokens(ids))  # [B, N, D]
         for block in self.blocks:
             x = block(x, context, context_mask)
         return self.norm(x)  # [B, N, D]

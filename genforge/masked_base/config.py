@@ -1,0 +1,61 @@
+"""Config fields every masked-token generator shares (maskgit over image ids, phenaki over video ids)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from genforge.core.codec import InputRun
+from genforge.core.config import FamilyConfig
+from genforge.nn.codec import TokenInputConfig
+from genforge.text.config import TextEncoderConfig
+
+
+class MaskedTokenConfig(FamilyConfig):
+    """The masked-token transformer (MUSE base, Chang et al. 2023), MaskGIT's objective and decoding (Chang et al.
+    2022), and the conditioning with dropout for classifier-free guidance: what maskgit and phenaki share."""
+
+    default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
+    tokens: TokenInputConfig
+    codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
+                                                               "size (default: taken from it)")
+    seq_len: int | None = Field(None, gt=0, description="tokens per image; must equal the tokenizer's latent grid "
+                                                        "(h·w) at data.image_size (default: taken from it)")
+    depth: int = Field(8, gt=0)
+    width: int = Field(256, gt=0)
+    num_heads: int = Field(8, gt=0)
+    mlp_ratio: float = Field(4.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    conditioning: Literal["text", "class", "none"] = "text"
+    text: TextEncoderConfig = TextEncoderConfig()
+    num_classes: int | None = Field(None, gt=0, description="conditioning=class: default from the data set")
+    cond_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0, description="share of samples trained unconditionally "
+                                                                      "(classifier-free guidance)")
+    mask_schedule: Literal["cosine", "linear", "square"] = Field(
+        "cosine", description="γ(r), the masked share at r ~ U(0, 1) (MaskGIT §3.3: cosine)")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    sample_steps: int = Field(12, gt=0, description="parallel decoding iterations")
+    cfg_scale: float = Field(3.0, ge=1.0, description="classifier-free guidance scale (1: none)")
+    temperature: float = Field(1.0, gt=0.0, description="softmax temperature of the sampled tokens")
+    choice_temperature: float = Field(4.5, ge=0.0, description="Gumbel noise on the confidences, annealed "
+                                                               "linearly to 0 (MaskGIT's re-masking)")
+    sample_prompts: list[str] | None = Field(None, description="prompts of preview grids and of evaluation without "
+                                                                "--prompt (default for shapes data: held-out captions)")
+
+    @model_validator(mode="after")
+    def _widths(self) -> "MaskedTokenConfig":
+        if self.width % self.num_heads:
+            raise ValueError(f"model.width={self.width} must be divisible by model.num_heads={self.num_heads}")
+        if self.conditioning != "class" and self.num_classes is not None:
+            raise ValueError("model.num_classes applies to model.conditioning=class")
+        return self
+
+    def input_runs(self) -> dict[str, InputRun]:
+        return self.tokens.input_runs()
+
+    def check_vocabulary(self, codebook_size: int, source: str) -> None:
+        """model.codebook_size against the tokenizer's (ValueError naming both sides)."""
+        if self.codebook_size is not None and self.codebook_size != codebook_size:
+            raise ValueError(f"model.codebook_size={self.codebook_size} differs from the codebook size of "
+                             f"{source} ({codebook_size}); set it to {codebook_size} or leave it out")

@@ -1,0 +1,225 @@
+"""MaskedTokenTask: MaskGIT's masked-token objective over a tokenizer's ids, conditioned on text (MUSE) or classes,
+with conditioning dropout for classifier-free guidance, and iterative parallel decoding; what maskgit (image ids
+[B, h, w]) and phenaki (video ids [B, t, h, w]) share. A subclass builds the transformer (`build_model`, its own
+position embeddings) and says which ids to decode (`code_shape`); everything else runs on the flattened ids [B, N]."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from genforge.core.config import DataConfig
+from genforge.core.family import BuildContext
+from genforge.core.task import Batch, Task, class_conditions, class_count
+from genforge.data.loader import build_dataset, image_data
+from genforge.data.text_embeds import use_cached_text_embeds
+from genforge.masked_base.config import MaskedTokenConfig
+from genforge.masking import decode, guided_logits, hidden_count, training_mask
+from genforge.nn.mask_transformer import MaskTransformer
+from genforge.text.encoders import attach_text_encoder, build_text_encoder
+
+
+class MaskedTokenTask(Task):
+    """Trains a `MaskTransformer` to predict masked token ids (cross-entropy on the masked positions only) and
+    samples by iterative decoding, then decodes the ids to pixels with the tokenizer."""
+
+    def __init__(self, cfg: MaskedTokenConfig, ctx: BuildContext) -> None:
+        super().__init__()
+        self.cfg = cfg
+        data = ctx.info
+        self.token_codec, source = self._build_codec(cfg, ctx)  # frozen
+        self.codebook_size = int(self.token_codec.codebook_size)
+        cfg.check_vocabulary(self.codebook_size, source)
+        self.num_classes = class_count(cfg.conditioning, cfg.num_classes, data.num_classes, "text or none")
+        encoder = build_text_encoder(cfg.text) if cfg.conditioning == "text" else None
+        self.model = self.build_model(ctx, source, text_dim=encoder.dim if encoder is not None else 0)
+        self.use_cached_text = False  # embeddings from the cache (genforge encode --text-encoder) instead of `text`
+        if encoder is not None:
+            # trainable: a submodule of the model (optimised, averaged, checkpointed); frozen: outside the module tree
+            attach_text_encoder(self.model, "text_encoder", encoder)
+            self.use_cached_text = use_cached_text_embeds(data, encoder, ctx.data.path)
+        self.prompt_data = self._shapes_data(ctx.data)  # where held-out prompts come from, when none are configured
+        if cfg.conditioning == "text" and not cfg.sample_prompts and data.kind != "tokens" and self.prompt_data is None:
+            raise ValueError("model.sample_prompts: set prompts for the preview grids and evaluation")
+
+    # ------------------------------------------------------------------------------------------ for subclasses
+    def build_model(self, ctx: BuildContext, source: str, text_dim: int) -> MaskTransformer:
+        """The transformer over this run's ids (its sequence length and position embeddings checked against the
+        tokenizer, named `source` in messages)."""
+        raise NotImplementedError
+
+    def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
+        """The shape of the ids `sample` decodes for n samples: [n, h, w] (images) or [n, t, h, w] (clips)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ building
+    @staticmethod
+    def _build_codec(cfg: MaskedTokenConfig, ctx: BuildContext) -> tuple[nn.Module, str]:
+        """The token codec of `model.tokens` (the stand-in, or the tokenizer run's, loaded by the application) and
+        where its grid and vocabulary come from, for messages."""
+        if cfg.tokens.codec != "tokenizer":
+            return cfg.tokens.standin(), "model.tokens.factor/levels"
+        codec, _ = ctx.codecs["model.tokens.tokenizer"]
+        return codec, f"the tokenizer {cfg.tokens.tokenizer}"
+
+    @staticmethod
+    def _shapes_data(data: DataConfig) -> dict[str, Any] | None:
+        """The data section of the shapes images the run trains on (directly or through a cache), else None (also
+        when sampling a finished run whose cache is gone: then it is restored from the checkpoint)."""
+        images = image_data(data)
+        return images.model_dump(mode="json") if images is not None and images.source == "shapes" else None
+
+    def ema_module(self) -> nn.Module:
+        return self.model
+
+    def train(self, mode: bool = True) -> "MaskedTokenTask":
+        """Train mode for the transformer; the codec stays frozen in eval mode."""
+        super().train(mode)
+        self.token_codec.eval()
+        return self
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        return {"prompt_data": self.prompt_data}
+
+    def load_state_from_checkpoint(self, state: dict[str, Any]) -> None:
+        if state.get("prompt_data") is not None:
+            self.prompt_data = state["prompt_data"]
+
+    # ------------------------------------------------------------------------------------------ conditioning
+    def context(self, cond: dict[str, Any], drop: Tensor, text_key: str = "text") -> tuple[Tensor, Tensor]:
+        """Context and mask of `cond` (text, cached text embeddings or labels); rows of `drop` unconditional."""
+        if self.cfg.conditioning == "text":
+            if self.use_cached_text and "text_embed" in cond and text_key == "text":
+                embed, mask = cond["text_embed"], cond["text_mask"]
+            else:
+                encoder = self.model.text_encoder
+                with torch.set_grad_enabled(torch.is_grad_enabled() and encoder.trainable):
+                    embed, mask = encoder.encode_on(list(cond[text_key]), self.model.head.weight.device)
+            return self.model.context(drop, text_embed=embed, text_mask=mask)
+        if self.cfg.conditioning == "class":
+            return self.model.context(drop, labels=cond["label"])
+        return self.model.context(drop)
+
+    def to_tokens(self, batch: Batch) -> Tensor:
+        """Token ids [B, N]: cached (checked to lie in the vocabulary: an id outside it must never reach the
+        embedding), or encoded from the images or clips."""
+        if "tokens" in batch:
+            ids = batch["tokens"].long().flatten(1)
+            if ids.min() < 0 or ids.max() >= self.codebook_size:
+                raise ValueError(f"cached token ids lie in [{int(ids.min())}, {int(ids.max())}], outside the "
+                                 f"vocabulary [0, {self.codebook_size}) of this run's tokenizer")
+            return ids
+        with torch.no_grad():
+            pixels = batch["video"] if "video" in batch else batch["image"]
+            return self.token_codec.encode(pixels).flatten(1)  # [B, h, w] or [B, t, h, w] -> [B, N]
+
+    # ------------------------------------------------------------------------------------------ training
+    def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """Cross-entropy on the masked positions only (MaskGIT eq. 1), averaged over every masked token of the
+        global batch, so any split into processes and accumulation steps gives the same gradient."""
+        ids = self.to_tokens(batch)  # [B, N]
+        rng = batch["rng"]
+        n = ids.shape[1]
+        r_all = rng.rand_global()  # [G]: the mask ratio draw of every sample of the step
+        masked_total = hidden_count(r_all, n, self.cfg.mask_schedule).sum()  # every masked token of the step
+        mask = training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule)  # [B, N] True = hidden
+        drop = rng.rand() < self.cfg.cond_dropout_prob  # [B]: unconditional rows (classifier-free guidance)
+        context, context_mask = self.context(batch, drop)
+        hidden = self.model.hidden(ids.masked_fill(mask, self.model.mask_id), context, context_mask)  # [B, N, D]
+        logits = self.model.head(hidden[mask])  # only the masked positions: [M, K]
+        targets = ids[mask]  # [M]
+        ce = F.cross_entropy(logits.float(), targets, reduction="sum", label_smoothing=self.cfg.label_smoothing)
+        loss = ce * (rng.global_size / rng.size) / masked_total
+        with torch.no_grad():
+            logs = {"ce": ce.detach() / mask.sum(), "masked": mask.float().mean(),
+                    "accuracy": (logits.argmax(-1) == targets).float().mean()}
+        return loss, logs
+
+    # ------------------------------------------------------------------------------------------ sampling
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        """Prompts (--prompt, --prompts, model.sample_prompts, else held-out shapes captions with their labels),
+        or labels (--label, else every class in turn)."""
+        device = generator.device
+        if self.cfg.conditioning == "class":
+            return class_conditions(n, self.num_classes, opts.get("label"), device)
+        if self.cfg.conditioning == "none":
+            if opts.get("prompt") or opts.get("prompts") or opts.get("label") is not None:
+                raise ValueError("this model is unconditional (model.conditioning=none): no --prompt or --label")
+            return Batch()
+        if opts.get("label") is not None:
+            raise ValueError("--label: this model is text-conditioned; use --prompt")
+        prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None) or self.cfg.sample_prompts
+        cond: dict[str, Any] = {}
+        if prompts:
+            cond["text"] = [prompts[i % len(prompts)] for i in range(n)]
+        elif self.prompt_data is not None:
+            cond["text"], labels = self.heldout_captions(n)
+            cond["label"] = labels.to(device)
+        else:
+            raise ValueError("no prompts: pass --prompt or --prompts FILE, or set model.sample_prompts")
+        if opts.get("negative_prompt"):
+            cond["negative_text"] = [opts["negative_prompt"]] * n
+        return Batch(**cond)
+
+    def heldout_captions(self, n: int) -> tuple[list[str], Tensor]:
+        """Captions and labels of the first `n` held-out shapes images or clips (a seed the training set never
+        uses)."""
+        dataset = build_dataset(DataConfig.model_validate(self.prompt_data), split="val", flip=False)
+        samples = [dataset[i % len(dataset)] for i in range(n)]
+        return [s["text"] for s in samples], torch.tensor([s["label"] for s in samples])
+
+    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
+        c = self.cfg
+        cfg_scale = opts.get("cfg_scale") or c.cfg_scale
+        settings = {"sampler": "maskgit", "steps": opts.get("steps") or c.sample_steps,
+                    "cfg_scale": cfg_scale if c.conditioning != "none" else 1.0,
+                    "temperature": c.temperature, "choice_temperature": c.choice_temperature,
+                    "mask_schedule": c.mask_schedule}
+        if opts.get("negative_prompt"):
+            settings["negative_prompt"] = opts["negative_prompt"]
+        return settings
+
+    @torch.no_grad()
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+        """Iterative parallel decoding (MaskGIT §3.2) with classifier-free guidance: logits = u + s·(c − u), the
+        unconditional branch u from the null context or the negative prompt; images (clips) in [-1, 1]."""
+        s = self.sampler_settings(**opts)
+        device = self.model.head.weight.device
+        keep = torch.zeros(n, dtype=torch.bool, device=device)
+        context, context_mask = self.context(cond, keep)
+        guided = s["cfg_scale"] > 1.0
+        if guided:
+            if "negative_text" in cond:
+                uncond, uncond_mask = self.context(cond, keep, text_key="negative_text")
+            else:
+                uncond, uncond_mask = self.context(cond, ~keep)
+            context, context_mask = _stack_contexts((context, context_mask), (uncond, uncond_mask))
+
+        def logits_fn(ids: Tensor) -> Tensor:
+            if not guided:
+                return self.model(ids, context, context_mask)
+            cond_logits, uncond_logits = self.model(torch.cat([ids, ids]), context, context_mask).float().chunk(2)
+            return guided_logits(cond_logits, uncond_logits, s["cfg_scale"])
+
+        shape = self.code_shape(n, **opts)
+        ids = decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,
+                     temperature=self.cfg.temperature, choice_temperature=self.cfg.choice_temperature,
+                     schedule=self.cfg.mask_schedule)
+        images = self.token_codec.decode(ids.view(shape))  # [B, C, H, W] or [B, C, T, H, W]
+        return images.float().clamp(-1, 1)
+
+
+def _stack_contexts(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Two (context [B, L_i, D], mask [B, L_i]) stacked along the batch, padded to the longer L (masked out)."""
+    length = max(a[0].shape[1], b[0].shape[1])
+
+    def pad(ctx: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        extra = length - ctx.shape[1]
+        return F.pad(ctx, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
+
+    (ca, ma), (cb, mb) = pad(*a), pad(*b)
+    return torch.cat([ca, cb]), torch.cat([ma, mb])
