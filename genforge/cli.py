@@ -109,7 +109,8 @@ def sample(
     run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
     n: Annotated[Optional[int], typer.Option(min=1, help="number of samples (default: 16, or one per line of "
                                                          "--prompts)")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="PNG grid to write (default: RUN_DIR/samples/sample-...)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="grid to write: .png (images), .gif or .mp4 (clips) (default: "
+                                                  "RUN_DIR/samples/sample-...)")] = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     steps: Annotated[Optional[int], typer.Option(min=1, help="sampling steps (respaced)")] = None,
     sampler: Annotated[Optional[str], typer.Option(help="diffusion sampler: ddpm, ddim (objective ddpm), euler, heun, "
@@ -127,8 +128,11 @@ def sample(
     start_stage: Annotated[Optional[int], typer.Option(min=1, help="cascades: the first stage to run (a later one "
                                                                    "upsamples --image)")] = None,
     stop_stage: Annotated[Optional[int], typer.Option(min=1, help="cascades: the last stage to run")] = None,
+    frames: Annotated[Optional[int], typer.Option(min=1, help="video models: frames per clip (default: the "
+                                                              "training clips')")] = None,
 ) -> None:
-    """Write a PNG grid of samples from the run's EMA weights (and the prompts, one per cell, beside it)."""
+    """Write a PNG grid of samples (a GIF or MP4 of clips for video models) from the run's EMA weights, and the
+    prompts, one per cell, beside it."""
     prompt_list = _read_prompts(prompts) if prompts is not None else None
     if prompt is not None and prompt_list is not None:
         _fail("--prompt and --prompts: give one of them")
@@ -136,7 +140,7 @@ def sample(
     text = prompt is not None or prompt_list is not None or negative_prompt is not None
     if text and not run.config.model.takes_prompts():
         _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
-    extra = {"image": image, "start_stage": start_stage, "stop_stage": stop_stage}
+    extra = {"image": image, "start_stage": start_stage, "stop_stage": stop_stage, "frames": frames}
     for name in [k for k, v in extra.items() if v is not None and k not in run.config.model.sample_options]:
         _fail(f"--{name.replace('_', '-')} does not apply to a {run.config.model.family!r} model")
     if image is not None:

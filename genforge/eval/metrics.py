@@ -28,9 +28,11 @@ from genforge.data.loader import class_names, image_data
 from genforge.eval.embedding_metrics import retrieval_recall, zero_shot_accuracy
 from genforge.eval.features import InceptionFeatures, InceptionLogits, PerceptualLoss
 from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
+from genforge.eval.motion import STILL, motion_direction
 from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats
 from genforge.eval.tokenizer_metrics import CodebookUsage, psnr, ssim
 
+SHAPES_SOURCES = ("shapes", "moving_shapes")  # the built-in data the shapes judge knows
 ROLE_NAMES = {("generator",): "generator", ("tokenizer",): "continuous tokenizer",
               ("discrete", "tokenizer"): "discrete tokenizer", ("embedder",): "image-text embedder"}
 
@@ -124,19 +126,39 @@ class InceptionPool(FeatureExtractor):
 
 
 class JudgePredictions(FeatureExtractor):
-    """The shapes judge's predicted class [b] of each image."""
+    """The shapes judge's predicted class of each image [b], or of each frame of each clip [b, T]."""
 
     def setup(self, ctx: EvalContext) -> None:
         images = image_data(ctx.data)
-        if images is None or images.source != "shapes":
-            raise ValueError("metric 'judge' needs a model trained on data.source=shapes (or on a cache encoded "
-                             "from shapes)")
+        if images is None or images.source not in SHAPES_SOURCES:
+            raise ValueError("metric 'judge' needs a model trained on data.source=shapes or moving_shapes (or on a "
+                             "cache encoded from shapes)")
         if "label" not in ctx.cond:
             raise ValueError("metric 'judge' needs a class-conditional model")
         load_or_train_judge()
 
     def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
+        if images.ndim == 5:  # clips [b, C, T, H, W]: every frame
+            b, t = images.shape[0], images.shape[2]
+            return judge_predictions(load_or_train_judge(), images.transpose(1, 2).flatten(0, 1)).view(b, t)
         return judge_predictions(load_or_train_judge(), images)
+
+    def empty(self) -> Tensor:
+        return torch.zeros(0, dtype=torch.long)
+
+
+class MotionDirections(FeatureExtractor):
+    """The direction each clip moves [b] (global Lucas–Kanade velocity; genforge.eval.motion)."""
+
+    def setup(self, ctx: EvalContext) -> None:
+        if "direction" not in ctx.cond:
+            raise ValueError("metric 'direction' needs clips prompted with a direction (a video model trained on "
+                             "data.source=moving_shapes, sampled from its held-out captions)")
+
+    def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
+        if images.ndim != 5:
+            raise ValueError("metric 'direction' needs clips [B, C, T, H, W]")
+        return motion_direction(images)
 
     def empty(self) -> Tensor:
         return torch.zeros(0, dtype=torch.long)
@@ -162,10 +184,28 @@ class SampleMetric(Metric):
 
 
 class Judge(SampleMetric):
+    """Share of samples the shapes judge assigns to the requested class (kind, colour); clips frame by frame, and the
+    share of clips whose majority class over the frames is the requested one."""
+
     name, results, extractor = "judge", ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy"), JUDGE
 
     def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
-        return prediction_report(rows, ctx.cond["label"].cpu())
+        labels = ctx.cond["label"].cpu()
+        if rows.ndim == 1:
+            return prediction_report(rows, labels)
+        frames = prediction_report(rows.flatten(), labels.repeat_interleave(rows.shape[1]))
+        return {**frames, "judge_clip_accuracy": (rows.mode(dim=1).values == labels).double().mean().item(),
+                "judge_frames": rows.shape[1]}
+
+
+class Direction(SampleMetric):
+    """Share of clips that move the prompted way (moving_shapes), and of clips that do not move at all."""
+
+    name, results, extractor = "direction", ("direction_accuracy", "direction_still"), MotionDirections()
+
+    def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
+        return {"direction_accuracy": (rows == ctx.cond["direction"].cpu()).double().mean().item(),
+                "direction_still": (rows == STILL).double().mean().item()}
 
 
 _NO_FEATURES = ("metric {!r} needs reference features; {} holds only mu and sigma (use an image folder or a "
@@ -387,7 +427,7 @@ class Variation(SampleMetric):
         return dict(zip(self.results, means))
 
 
-for _metric in (Judge(), FID(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook(),
+for _metric in (Judge(), Direction(), FID(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook(),
                 Variation(), ZeroShot(), Retrieval()):
     METRICS.register(_metric.name, _metric)
 

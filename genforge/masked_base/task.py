@@ -66,12 +66,13 @@ class MaskedTokenTask(Task):
         codec, _ = ctx.codecs["model.tokens.tokenizer"]
         return codec, f"the tokenizer {cfg.tokens.tokenizer}"
 
-    @staticmethod
-    def _shapes_data(data: DataConfig) -> dict[str, Any] | None:
-        """The data section of the shapes images the run trains on (directly or through a cache), else None (also
-        when sampling a finished run whose cache is gone: then it is restored from the checkpoint)."""
+    prompt_source = "shapes"  # the built-in data whose held-out captions (and labels) are the default prompts
+
+    def _shapes_data(self, data: DataConfig) -> dict[str, Any] | None:
+        """The data section of the built-in shapes data the run trains on (directly or through a cache), else None
+        (also when sampling a finished run whose cache is gone: then it is restored from the checkpoint)."""
         images = image_data(data)
-        return images.model_dump(mode="json") if images is not None and images.source == "shapes" else None
+        return images.model_dump(mode="json") if images is not None and images.source == self.prompt_source else None
 
     def ema_module(self) -> nn.Module:
         return self.model
@@ -157,20 +158,23 @@ class MaskedTokenTask(Task):
         if prompts:
             cond["text"] = [prompts[i % len(prompts)] for i in range(n)]
         elif self.prompt_data is not None:
-            cond["text"], labels = self.heldout_captions(n)
-            cond["label"] = labels.to(device)
+            cond.update({k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.heldout_captions(n).items()})
         else:
             raise ValueError("no prompts: pass --prompt or --prompts FILE, or set model.sample_prompts")
         if opts.get("negative_prompt"):
             cond["negative_text"] = [opts["negative_prompt"]] * n
         return Batch(**cond)
 
-    def heldout_captions(self, n: int) -> tuple[list[str], Tensor]:
-        """Captions and labels of the first `n` held-out shapes images or clips (a seed the training set never
-        uses)."""
+    def heldout_captions(self, n: int) -> dict[str, Any]:
+        """Captions (`text`) and labels (`label`, and for clips `direction`) of the first `n` held-out shapes images or
+        clips (a seed the training set never uses)."""
         dataset = build_dataset(DataConfig.model_validate(self.prompt_data), split="val", flip=False)
         samples = [dataset[i % len(dataset)] for i in range(n)]
-        return [s["text"] for s in samples], torch.tensor([s["label"] for s in samples])
+        cond: dict[str, Any] = {"text": [s["text"] for s in samples]}
+        for key in ("label", "direction"):
+            if key in samples[0]:
+                cond[key] = torch.tensor([s[key] for s in samples])
+        return cond
 
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
         c = self.cfg

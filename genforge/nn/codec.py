@@ -39,26 +39,52 @@ class SpaceToDepthCodec(nn.Module):
 
 class ColourQuantizerCodec(nn.Module):
     """Parameter-free stand-in token codec: each factor×factor block's mean colour, `levels` levels per RGB
-    channel, as one id in [0, levels³). Lets the token path (MaskGIT) be trained and tested without a
-    trained VQ tokenizer; decoding paints each block its quantised colour."""
+    channel, as one id in [0, levels³). Lets the token path (MaskGIT, Phenaki) be trained and tested without a
+    trained tokenizer; decoding paints each block its quantised colour.
 
-    def __init__(self, factor: int = 2, levels: int = 4) -> None:
+    Clips [B, C, T, H, W] are tokenized in C-ViViT's causal layout (Phenaki §2.1): the first frame on its own, then
+    blocks of `temporal_factor` frames (their mean colour), so ids are [B, 1 + (T − 1) / temporal_factor, h, w];
+    decoding repeats each block's colour over its frames."""
+
+    def __init__(self, factor: int = 2, levels: int = 4, temporal_factor: int = 1) -> None:
         super().__init__()
-        self.factor, self.levels = factor, levels
+        self.factor, self.levels, self.temporal_downsample = factor, levels, temporal_factor
         self.codebook_size = levels**3
         self.downsample = factor
 
+    def _ids(self, colour: Tensor) -> Tensor:
+        """Mean colours [B, 3, ...] in [-1, 1] -> ids [B, ...]."""
+        q = ((colour + 1) / 2 * self.levels).long().clamp(0, self.levels - 1)
+        return (q[:, 0] * self.levels + q[:, 1]) * self.levels + q[:, 2]
+
+    def _colour(self, ids: Tensor) -> Tensor:
+        """ids [B, ...] -> level-centre colours [B, 3, ...] in [-1, 1]."""
+        n = self.levels
+        q = torch.stack([ids // (n * n), ids // n % n, ids % n], dim=1).float()  # in 0..n-1
+        return (q + 0.5) / n * 2 - 1
+
     @torch.no_grad()
     def encode(self, image: Tensor) -> Tensor:
-        q = ((F.avg_pool2d(image, self.factor) + 1) / 2 * self.levels).long().clamp(0, self.levels - 1)  # [B,3,h,w]
-        return (q[:, 0] * self.levels + q[:, 1]) * self.levels + q[:, 2]  # [B, h, w]
+        """image [B, 3, H, W] -> ids [B, h, w]; clip [B, 3, T, H, W] -> ids [B, t, h, w]."""
+        if image.ndim == 4:
+            return self._ids(F.avg_pool2d(image, self.factor))  # [B, h, w]
+        f, ft = self.factor, self.temporal_downsample
+        if (image.shape[2] - 1) % ft:
+            raise ValueError(f"the colour codec with temporal factor {ft} needs 1 + k·{ft} frames, got "
+                             f"{image.shape[2]}")
+        first = F.avg_pool3d(image[:, :, :1], (1, f, f))  # [B, 3, 1, h, w]
+        rest = F.avg_pool3d(image[:, :, 1:], (ft, f, f))  # [B, 3, (T − 1) / ft, h, w]
+        return self._ids(torch.cat([first, rest], dim=2))  # [B, t, h, w]
 
     @torch.no_grad()
     def decode(self, ids: Tensor) -> Tensor:
-        n = self.levels
-        q = torch.stack([ids // (n * n), ids // n % n, ids % n], dim=1).float()  # [B, 3, h, w] in 0..n-1
-        colour = (q + 0.5) / n * 2 - 1  # level centres in [-1, 1]
-        return F.interpolate(colour, scale_factor=self.factor, mode="nearest")  # [B, 3, H, W]
+        """ids [B, h, w] -> image [B, 3, H, W]; ids [B, t, h, w] -> clip [B, 3, 1 + (t − 1)·ft, H, W]."""
+        colour = self._colour(ids)
+        if ids.ndim == 3:
+            return F.interpolate(colour, scale_factor=self.factor, mode="nearest")  # [B, 3, H, W]
+        frames = torch.cat([colour[:, :, :1], colour[:, :, 1:].repeat_interleave(self.temporal_downsample, dim=2)],
+                           dim=2)  # [B, 3, T, h, w]
+        return frames.repeat_interleave(self.factor, dim=3).repeat_interleave(self.factor, dim=4)
 
 
 class PooledPixelEmbedder(nn.Module):
@@ -143,3 +169,22 @@ class TokenInputConfig(CodecInputConfig):
     kind: ClassVar[str] = "tokens"
     field: ClassVar[str] = "model.tokens"
     codec: Literal["tokenizer", "colour"] = "tokenizer"
+
+
+class VideoTokenInputConfig(TokenInputConfig):
+    """Phenaki's token ids [B, t, h, w]: a trained video tokenizer (a cvivit run), or `colour` in C-ViViT's causal
+    layout (the first frame, then blocks of `temporal_factor` frames; tests)."""
+
+    temporal_factor: int = Field(2, ge=1, le=8, description="codec=colour: frames per token frame after the first "
+                                                            "(a tokenizer's comes from its checkpoint)")
+
+    @model_validator(mode="after")
+    def _temporal_factor_is_the_standins(self) -> "VideoTokenInputConfig":
+        if self.codec == "tokenizer" and self.temporal_factor != type(self).model_fields["temporal_factor"].default:
+            raise ValueError(f"{self.field}.temporal_factor does not apply to {self.field}.codec=tokenizer (a "
+                             "tokenizer's temporal patch comes from its checkpoint)")
+        return self
+
+    def standin(self, image_channels: int = 3) -> nn.Module:
+        return ColourQuantizerCodec(self.factor, self.levels, self.temporal_factor)
+

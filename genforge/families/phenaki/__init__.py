@@ -1,0 +1,8 @@
+"""phenaki: Phenaki's masked-token transformer (Villegas et al. 2022) over a C-ViViT's video ids, text conditioned."""
+
+from pathlib import Path
+
+from genforge.core.family import register_family
+from genforge.families.phenaki.config import PhenakiConfig
+
+register_family(PhenakiConfig, "genforge.families.phenaki.task:PhenakiTask", Path(__file__).parent / "presets")

@@ -1,0 +1,56 @@
+"""Config of the `phenaki` family: Phenaki's bidirectional masked-token transformer (Villegas et al. 2022, §2.2) over
+the ids [t, h, w] of a C-ViViT run (or the colour stand-in), text conditioned, on video data."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from genforge.core.config import DataConfig
+from genforge.masked_base.config import MaskedTokenConfig
+from genforge.nn.codec import VideoTokenInputConfig
+
+
+class PhenakiConfig(MaskedTokenConfig):
+    """The shared masked-token transformer and decoding with factorised positions (learned per token of a frame,
+    sin-cos over token frames, so any number of frames), over a video tokenizer's ids."""
+
+    family: Literal["phenaki"] = "phenaki"
+    default_metrics: ClassVar[tuple[str, ...]] = ("judge", "direction")
+    sample_options: ClassVar[tuple[str, ...]] = ("frames",)
+    tokens: VideoTokenInputConfig
+    seq_len: int | None = Field(None, gt=0, description="tokens per clip (t·h·w at data.video.num_frames); must "
+                                                        "equal the tokenizer's (default: taken from it)")
+    sample_steps: int = Field(12, gt=0, description="parallel decoding iterations (Phenaki: 12 to 48)")
+
+    def check_data(self, data: DataConfig) -> None:
+        if data.source == "cache":
+            raise ValueError("data.source=cache: phenaki encodes clips with its tokenizer as it trains; give the "
+                             "video data itself (data.source video_folder, moving_shapes or webdataset)")
+        if self.tokens.codec != "tokenizer":  # the stand-in's layout is known now; a tokenizer's once it is loaded
+            self.check_tokens(data, self.tokens.factor, self.tokens.temporal_factor, self.tokens.levels**3,
+                              "model.tokens")
+        if self.conditioning == "text" and not self.sample_prompts and data.source != "moving_shapes":
+            raise ValueError("model.sample_prompts: a text-conditioned model on data other than moving_shapes needs "
+                             "prompts for its preview clips and evaluation, e.g. --set 'model.sample_prompts=[\"a "
+                             "dog running on the beach\"]'")
+
+    def check_tokens(self, data: DataConfig, downsample: int, temporal_downsample: int, codebook_size: int,
+                     source: str) -> tuple[int, int]:
+        """The token layout (token frames t, tokens per side) of data.video.num_frames × data.image_size² clips
+        through a tokenizer; model.codebook_size / seq_len checked against it (ValueError naming both sides)."""
+        frames, size = data.video.num_frames, data.image_size
+        if size % downsample:
+            raise ValueError(f"data.image_size={size} must be divisible by the spatial patch of {source} "
+                             f"({downsample})")
+        if (frames - 1) % temporal_downsample:
+            raise ValueError(f"data.video.num_frames={frames}: num_frames - 1 must be divisible by the temporal "
+                             f"patch of {source} ({temporal_downsample})")
+        self.check_vocabulary(codebook_size, source)
+        t, side = 1 + (frames - 1) // temporal_downsample, size // downsample
+        if self.seq_len is not None and self.seq_len != t * side * side:
+            raise ValueError(f"model.seq_len={self.seq_len} differs from the tokens per clip of {source} at "
+                             f"data.video.num_frames={frames}, data.image_size={size} ({t}x{side}x{side} = "
+                             f"{t * side * side}); set it to {t * side * side} or leave it out")
+        return t, side

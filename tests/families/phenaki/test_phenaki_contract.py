@@ -1,0 +1,5 @@
+from family_contract import FamilyContract
+
+
+class TestPhenaki(FamilyContract):
+    preset = "phenaki-debug"
