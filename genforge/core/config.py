@@ -39,25 +39,13 @@ class ShapesConfig(StrictModel):
 
 
 class VideoConfig(StrictModel):
-    """How clips are cut from videos (`data.source: video_folder | moving_shapes`, video shards): `num_frames` frames,
+    """How clips are cut from videos (`data.source: video_folder | moving_shapes`): `num_frames` frames,
     every `frame_stride`-th frame of the source or resampled to `fps`, from a random start (a temporal crop)."""
 
     num_frames: int = Field(17, ge=1, le=1024, description="frames per clip (Phenaki: 17 = 1 + 16)")
     frame_stride: int = Field(1, ge=1, description="take every n-th source frame (when fps is not set)")
     fps: float | None = Field(None, gt=0.0, description="resample each clip to this frame rate instead of a stride")
     random_start: bool = Field(True, description="a random temporal crop; false: every clip starts at frame 0")
-    image_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of optimizer steps whose batch is "
-                                                                   "1-frame videos from data.video.images (joint "
-                                                                   "image + video training)")
-    images: str | None = Field(None, description="with image_fraction > 0: an image folder (video_folder) or "
-                                                 "'shapes' (moving_shapes: the still shapes set)")
-
-    @model_validator(mode="after")
-    def _images_with_fraction(self) -> "VideoConfig":
-        if self.image_fraction > 0 and not self.images:
-            raise ValueError(f"data.video.image_fraction={self.image_fraction} needs data.video.images "
-                             "(an image folder, or 'shapes')")
-        return self
 
 
 class DataConfig(StrictModel):
