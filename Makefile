@@ -35,7 +35,7 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/genforge train dit-shapes --run-dir runs/demo
+	$(VENV)/bin/genforge train unet-shapes --run-dir runs/demo
 	$(VENV)/bin/genforge sample runs/demo --n 64 --seed 0 --out runs/demo/samples/demo-grid.png
 	$(VENV)/bin/genforge eval runs/demo --metrics judge --n 256
 	@echo "Samples: runs/demo/samples/demo-grid.png (one class per cell in turn); training previews in runs/demo/samples/"

@@ -40,7 +40,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 @app.command()
 def train(
-    config: Annotated[Optional[str], typer.Argument(help="preset name or YAML file (default: dit-shapes)")] = None,
+    config: Annotated[Optional[str], typer.Argument(help="preset name or YAML file (default: unet-shapes)")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set train.lr=3e-4")] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="run directory (default: runs/<name>)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the resolved config and parameter count")] = False,

@@ -19,7 +19,7 @@ from genforge.core.registry import FAMILIES, METRICS
 from genforge.data.base import source_of
 from genforge.eval.metrics import check_metrics
 
-DEFAULT_PRESET = "dit-shapes"
+DEFAULT_PRESET = "unet-shapes"
 
 __all__ = ["ConfigError", "DEFAULT_PRESET", "RunConfig", "format_validation_error", "list_presets", "load_config",
            "parse_overrides", "preset_files", "to_yaml"]

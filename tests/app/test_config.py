@@ -29,9 +29,9 @@ def test_dry_run_every_preset(preset):
     assert resolved["model"]["family"] in FAMILIES
 
 
-def test_default_is_dit_shapes_32px():
+def test_default_is_the_unet_on_32px_shapes():
     cfg = load_config(None)
-    assert cfg.name == "dit-shapes" and cfg.model.family == "dit"
+    assert cfg.name == "unet-shapes" and cfg.model.family == "dit" and cfg.model.backbone == "unet"
     assert cfg.data.source == "shapes" and cfg.data.image_size == 32 and cfg.model.conditioning == "class"
 
 
