@@ -92,8 +92,11 @@ class RunLogger:
                            step=step)
 
     def image(self, step: int, tag: str, grid_path: Path) -> None:
+        """A preview file to TensorBoard (RGB; a GIF preview as its first frame) and to W&B (the file itself)."""
         if self.tb:
-            self.tb.add_image(tag, np.asarray(Image.open(grid_path)), step, dataformats="HWC")
+            with Image.open(grid_path) as preview:  # PNG (RGB) or GIF (palette)
+                pixels = np.asarray(preview.convert("RGB"))  # [H, W, 3]
+            self.tb.add_image(tag, pixels, step, dataformats="HWC")
         if self.wandb:
             import wandb
 

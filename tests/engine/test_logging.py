@@ -3,9 +3,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from genforge.core.config import LogConfig
 from genforge.data.previews import image_grid
+from genforge.data.video import write_video
 from genforge.engine.logging import RunLogger
 
 
@@ -34,6 +36,27 @@ def test_histogram_of_code_counts_reaches_tensorboard(tmp_path):
     assert event.step == 5
     assert event.histogram_value.num == 4 and event.histogram_value.sum == 0 * 3 + 2 * 1
     assert list(event.histogram_value.bucket) == [3, 0, 1, 0]
+
+
+@pytest.mark.parametrize("suffix", [".png", ".gif"])
+def test_png_and_gif_previews_reach_tensorboard(tmp_path, suffix):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    frames = np.zeros((3, 6, 10, 3), np.uint8)
+    frames[:, :, :, 0] = 255  # red clip
+    path = tmp_path / f"preview{suffix}"
+    if suffix == ".gif":
+        write_video(frames, path)  # palette frames: a 2-D array without the conversion to RGB
+    else:
+        Image.fromarray(frames[0]).save(path)
+    logger = RunLogger(tmp_path, LogConfig(tensorboard=True, progress=False))
+    logger.image(7, "samples", path)
+    logger.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    (event,) = events.Images("samples")
+    assert (event.step, event.width, event.height) == (7, 10, 6)
 
 
 def test_image_grid_pads_and_maps_minus_one_one_to_uint8():
