@@ -86,7 +86,7 @@ def train(
     except (TrainingError, CheckpointError) as err:
         _fail(str(err), code=1)
     if trainer.accelerator.is_main_process:
-        samples = sorted((out / "samples").glob("step-*.*"))
+        samples = sorted(p for p in (out / "samples").glob("step-*.*") if p.suffix != ".txt")  # not the captions
         typer.echo(f"run directory: {out}")
         if samples:
             typer.echo(f"samples: {samples[-1]}")
