@@ -41,7 +41,7 @@ demo: $(VENV)/.installed
 	@echo "Samples: runs/demo/samples/demo-grid.png (one class per cell in turn); training previews in runs/demo/samples/"
 
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10
 
 clean:
 	rm -rf $(VENV) runs

@@ -202,6 +202,8 @@ def evaluate(
     is_weights: Annotated[Optional[str], typer.Option(help="file with the Inception-v3 logits layer (fc.weight "
                                                            "[1008, 2048]) for metric is; default: eval.is_weights")]
     = None,
+    i3d_weights: Annotated[Optional[str], typer.Option(help="TorchScript I3D (StyleGAN-V's i3d_torchscript.pt) for "
+                                                            "metric fvd; default: eval.i3d_weights")] = None,
 ) -> None:
     """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch)."""
     _join_process_group()
@@ -211,6 +213,7 @@ def evaluate(
     try:
         run.config.eval.ref = ref or run.config.eval.ref
         run.config.eval.is_weights = is_weights or run.config.eval.is_weights
+        run.config.eval.i3d_weights = i3d_weights or run.config.eval.i3d_weights
         results = evaluate_task(run.task, run.config.data, run.config.eval, names, n or run.config.eval.n, seed,
                                 device, **opts)
     except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights, --ref

@@ -189,6 +189,8 @@ class EvalConfig(StrictModel):
     ref_n: int | None = Field(None, gt=1, description="reference images used (default: eval.n)")
     is_weights: str | None = Field(None, description="file with the Inception-v3 logits layer (fc.weight "
                                                      "[1008, 2048]) for metric 'is'; the FID network lacks it")
+    i3d_weights: str | None = Field(None, description="TorchScript I3D file for metric 'fvd' (StyleGAN-V's "
+                                                      "i3d_torchscript.pt); genforge downloads nothing")
     zero_shot_prompt: str = Field("a {}", description="metric zero_shot: the prompt of each class, {} its name")
     val_loss_batches: int = Field(0, ge=0, description="at each evaluation, also the loss of every phase on this "
                                                        "many held-out batches of train.batch_size, with fixed noise "

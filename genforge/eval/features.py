@@ -52,6 +52,11 @@ IS_WEIGHTS_HINT = ("a local file with the FID Inception-v3 classifier `fc.weight
                    "--is-weights FILE`)")
 
 
+I3D_HINT = ("a local TorchScript I3D, StyleGAN-V's i3d_torchscript.pt (the TF-Hub Kinetics-400 I3D that FVD is "
+            "defined on, as StyleGAN-V and DIGAN use it), named by eval.i3d_weights (`genforge eval --i3d-weights "
+            "FILE`); genforge downloads nothing")
+
+
 class FeatureNetworkUnavailable(FileNotFoundError):
     """The weights of a feature network are not on this machine (nothing is ever downloaded); the CLI exits 2."""
 
@@ -188,6 +193,34 @@ class InceptionLogits(nn.Module):
     def forward(self, pool: Tensor) -> Tensor:
         """Logits [B, 1008] of pool3 features [B, 2048]."""
         return pool.float() @ self.weight.T
+
+
+class I3DFeatures(nn.Module):
+    """The video features of FVD (Unterthiner et al. 2018, "Towards accurate generative models of video"): the
+    Kinetics-400 I3D (Carreira & Zisserman 2017) in StyleGAN-V's TorchScript port of the TF-Hub model, from a local
+    file. Its `forward(x, rescale, resize, return_features)` takes clips [B, 3, T, H, W] with pixel values in
+    [0, 255], rescales them to [-1, 1] and resizes the frames to 224 x 224 itself (as StyleGAN-V calls it) and
+    returns [B, 400] features."""
+
+    dim = 400
+
+    def __init__(self, path: str | Path | None) -> None:
+        super().__init__()
+        if path is None:
+            raise FeatureNetworkUnavailable(f"metric 'fvd' needs {I3D_HINT}")
+        if not Path(path).is_file():
+            raise FeatureNetworkUnavailable(f"eval.i3d_weights: {path} is not a file; metric 'fvd' needs {I3D_HINT}")
+        self.path = Path(path)
+        self.net = torch.jit.load(str(path), map_location="cpu").eval()
+
+    @torch.no_grad()
+    def forward(self, clips: Tensor) -> Tensor:
+        """Features [B, D] of clips [B, C, T, H, W] in [-1, 1] (C = 1 repeated to RGB), quantised to uint8 values
+        first, as FVD scores videos."""
+        if clips.shape[1] == 1:
+            clips = clips.expand(-1, 3, -1, -1, -1)
+        pixels = ((clips.float().clamp(-1, 1) + 1) * 127.5).round()  # [B, 3, T, H, W] in {0, ..., 255}
+        return self.net(pixels, rescale=True, resize=True, return_features=True).float()
 
 
 # VGG16 configuration "D": channels per 3x3 conv (each followed by a ReLU), "M" = 2x2 max pool. Indices of

@@ -24,9 +24,9 @@ from genforge.core.codec import TokenCodec, codec_kind
 from genforge.core.config import DataConfig, EvalConfig
 from genforge.core.registry import METRICS
 from genforge.core.task import Batch, Task
-from genforge.data.loader import class_names, image_data
+from genforge.data.loader import class_names, heldout_batches, heldout_split, image_data, pixel_field
 from genforge.eval.embedding_metrics import retrieval_recall, zero_shot_accuracy
-from genforge.eval.features import InceptionFeatures, InceptionLogits, PerceptualLoss
+from genforge.eval.features import I3DFeatures, InceptionFeatures, InceptionLogits, PerceptualLoss
 from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
 from genforge.eval.motion import STILL, motion_direction
 from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats
@@ -277,6 +277,46 @@ def inception_logits(path: str | None) -> InceptionLogits:
     return InceptionLogits(path)
 
 
+@functools.lru_cache(maxsize=2)
+def i3d_features(path: str | None, device: str) -> I3DFeatures:
+    return I3DFeatures(path).to(device)
+
+
+class I3DClipFeatures(FeatureExtractor):
+    """I3D features [b, D] of generated clips (eval.i3d_weights)."""
+
+    def setup(self, ctx: EvalContext) -> None:
+        if pixel_field(ctx.data) != "video":
+            raise ValueError(f"metric 'fvd' needs a video model (data.source={ctx.data.source} gives images)")
+        i3d_features(ctx.eval.i3d_weights, str(ctx.device))  # before sampling: fail early
+
+    def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
+        net = i3d_features(ctx.eval.i3d_weights, str(ctx.device))
+        return torch.cat([net(chunk.to(ctx.device)).cpu() for chunk in images.split(ctx.batch_size)])
+
+    def empty(self) -> Tensor:
+        return torch.zeros(0, I3DFeatures.dim)
+
+    def report(self, ctx: EvalContext) -> dict[str, Any]:
+        return {"i3d": str(i3d_features(ctx.eval.i3d_weights, str(ctx.device)).path)}
+
+
+class FVD(SampleMetric):
+    """Fréchet Video Distance: the Fréchet distance (as FID) between Gaussians fitted to the I3D features of the
+    generated clips and of `eval.ref_n` (default n) held-out real clips of the run's data."""
+
+    name, results, lower_is_better, extractor, min_samples = "fvd", ("fvd",), ("fvd",), I3DClipFeatures(), 2
+
+    def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
+        net, n = i3d_features(ctx.eval.i3d_weights, str(ctx.device)), ctx.eval.ref_n or ctx.n
+        real = torch.cat([net(clips.to(ctx.device)).cpu()
+                          for clips in heldout_batches(ctx.data, n, ctx.batch_size, "video")])
+        if len(real) < 2:
+            raise ValueError(f"metric 'fvd' needs at least 2 readable clips in the {heldout_split(ctx.data)!r} split")
+        fvd = dm.frechet_distance(*dm.gaussian_stats(real), *dm.gaussian_stats(rows))
+        return {"fvd": fvd, "fvd_ref_n": len(real), "fvd_ref_split": heldout_split(ctx.data)}
+
+
 # -------------------------------------------------------------------------------------------- tokenizers
 class ReconstructionMetric(Metric):
     """A tokenizer metric over held-out images x, their codes and reconstructions x̂ (clamped to [-1, 1])."""
@@ -427,7 +467,7 @@ class Variation(SampleMetric):
         return dict(zip(self.results, means))
 
 
-for _metric in (Judge(), Direction(), FID(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook(),
+for _metric in (Judge(), Direction(), FID(), FVD(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook(),
                 Variation(), ZeroShot(), Retrieval()):
     METRICS.register(_metric.name, _metric)
 

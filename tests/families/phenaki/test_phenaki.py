@@ -6,6 +6,7 @@ from __future__ import annotations
 import av
 import pytest
 import torch
+from fake_i3d import standin_file
 from typer.testing import CliRunner
 
 from genforge.app.config import load_config
@@ -113,5 +114,9 @@ def test_train_sample_and_evaluate_clips(tmp_path):
     out = runner.invoke(app, ["eval", str(run), "--metrics", "judge,direction", "--n", "4"])
     assert out.exit_code == 0, out.output
     assert "judge_clip_accuracy" in out.output and "direction_accuracy" in out.output
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "fvd", "--n", "4"])
+    assert out.exit_code == 2 and "eval.i3d_weights" in out.output  # no download, no silent stand-in
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "fvd", "--n", "4", "--i3d-weights", standin_file(tmp_path)])
+    assert out.exit_code == 0 and "fvd_ref_n: 4" in out.output, out.output
     dit = runner.invoke(app, ["sample", str(run), "--frames", "4"])
     assert dit.exit_code == 2
