@@ -130,6 +130,8 @@ def sample(
     stop_stage: Annotated[Optional[int], typer.Option(min=1, help="cascades: the last stage to run")] = None,
     frames: Annotated[Optional[int], typer.Option(min=1, help="video models: frames per clip (default: the "
                                                               "training clips')")] = None,
+    story: Annotated[Optional[Path], typer.Option(help="video models: text file, one prompt per line; each sample is "
+                                                       "one story, a clip per prompt continuing the last")] = None,
 ) -> None:
     """Write a PNG grid of samples (a GIF or MP4 of clips for video models) from the run's EMA weights, and the
     prompts, one per cell, beside it."""
@@ -140,7 +142,8 @@ def sample(
     text = prompt is not None or prompt_list is not None or negative_prompt is not None
     if text and not run.config.model.takes_prompts():
         _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
-    extra = {"image": image, "start_stage": start_stage, "stop_stage": stop_stage, "frames": frames}
+    extra = {"image": image, "start_stage": start_stage, "stop_stage": stop_stage, "frames": frames,
+             "story": _read_prompts(story, "--story") if story is not None else None}
     for name in [k for k, v in extra.items() if v is not None and k not in run.config.model.sample_options]:
         _fail(f"--{name.replace('_', '-')} does not apply to a {run.config.model.family!r} model")
     if image is not None:
@@ -173,15 +176,15 @@ def _read_image(path: Path, size: int) -> torch.Tensor:
         _fail(f"--image {path}: cannot read it as an image ({err})")
 
 
-def _read_prompts(path: Path) -> list[str]:
+def _read_prompts(path: Path, option: str = "--prompts") -> list[str]:
     """The non-empty lines of a prompts file (exit 2 when unreadable or empty)."""
     try:
         lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     except (OSError, UnicodeDecodeError) as err:
-        _fail(f"--prompts {path}: cannot read it ({err})")
+        _fail(f"{option} {path}: cannot read it ({err})")
     prompts = [line for line in lines if line]
     if not prompts:
-        _fail(f"--prompts {path}: no prompts (one per line)")
+        _fail(f"{option} {path}: no prompts (one per line)")
     return prompts
 
 

@@ -65,13 +65,24 @@ def masked_count(step: int, steps: int, n: int, schedule: str = "cosine") -> int
 def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: int, steps: int,
            generator: torch.Generator, device: torch.device, temperature: float = 1.0,
            choice_temperature: float = 4.5, schedule: str = "cosine",
-           on_step: Callable[[int, Tensor], None] | None = None) -> Tensor:
+           on_step: Callable[[int, Tensor], None] | None = None, initial: Tensor | None = None) -> Tensor:
     """MaskGIT's iterative decoding (§3.2): start from all [MASK]; at each iteration sample every masked token
     from softmax(logits / temperature), then re-mask the `masked_count` least confident of the newly sampled
     ones, confidence = log p(sampled token) + choice_temperature·(1 − (t+1)/steps)·Gumbel noise. Tokens once
     revealed stay. `logits_fn` maps ids [B, N] (mask_id where masked) to logits [B, N, K].
-    Returns ids [B, N] in [0, K), every position filled after exactly `steps` iterations."""
-    ids = torch.full((batch, n), mask_id, dtype=torch.long, device=device)  # [B, N]
+
+    `initial` [B, N]: known ids kept as they are, mask_id where to generate (the same number in every row); the
+    schedule then runs over the masked positions only (Phenaki's story mode: a clip continued from the tokens of
+    the previous one). Returns ids [B, N] in [0, K), every position filled after exactly `steps` iterations."""
+    if initial is None:
+        ids = torch.full((batch, n), mask_id, dtype=torch.long, device=device)  # [B, N]
+    else:
+        ids = initial.to(device=device, dtype=torch.long)
+        free = (ids == mask_id).sum(1)  # [B]
+        if ids.shape != (batch, n) or bool((free != free[0]).any()) or int(free[0]) == 0:
+            raise ValueError(f"initial ids {tuple(ids.shape)} must be [{batch}, {n}] with the same, non-zero number "
+                             "of masked positions in every row")
+        n = int(free[0])  # the schedule counts the positions to generate
     for step in range(steps):
         masked = ids == mask_id  # [B, N]
         logits = logits_fn(ids).float()  # [B, N, K]

@@ -188,9 +188,11 @@ class MaskedTokenTask(Task):
         return settings
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, initial: Tensor | None = None,
+               **opts: Any) -> Tensor:
         """Iterative parallel decoding (MaskGIT §3.2) with classifier-free guidance: logits = u + s·(c − u), the
-        unconditional branch u from the null context or the negative prompt; images (clips) in [-1, 1]."""
+        unconditional branch u from the null context or the negative prompt; images (clips) in [-1, 1].
+        `initial` (ids [n, ...code_shape], mask_id where to generate) keeps the known tokens (masking.decode)."""
         s = self.sampler_settings(**opts)
         device = self.model.head.weight.device
         keep = torch.zeros(n, dtype=torch.bool, device=device)
@@ -212,7 +214,7 @@ class MaskedTokenTask(Task):
         shape = self.code_shape(n, **opts)
         ids = decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,
                      temperature=self.cfg.temperature, choice_temperature=self.cfg.choice_temperature,
-                     schedule=self.cfg.mask_schedule)
+                     schedule=self.cfg.mask_schedule, initial=None if initial is None else initial.flatten(1))
         images = self.token_codec.decode(ids.view(shape))  # [B, C, H, W] or [B, C, T, H, W]
         return images.float().clamp(-1, 1)
 

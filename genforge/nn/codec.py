@@ -73,6 +73,8 @@ class ColourQuantizerCodec(nn.Module):
             raise ValueError(f"the colour codec with temporal factor {ft} needs 1 + k·{ft} frames, got "
                              f"{image.shape[2]}")
         first = F.avg_pool3d(image[:, :, :1], (1, f, f))  # [B, 3, 1, h, w]
+        if image.shape[2] == 1:  # a 1-frame clip: the first frame's tokens only
+            return self._ids(first)  # [B, 1, h, w]
         rest = F.avg_pool3d(image[:, :, 1:], (ft, f, f))  # [B, 3, (T − 1) / ft, h, w]
         return self._ids(torch.cat([first, rest], dim=2))  # [B, t, h, w]
 

@@ -1,12 +1,17 @@
 """phenaki as a Task: the shared masked-token objective and guided decoding (genforge/masked_base/task.py) over a
 video tokenizer's ids [B, t, h, w] (a cvivit run, or the colour stand-in), with factorised positions; samples are
-clips [B, C, T, H, W], any 1 + k·(temporal patch) frames (`genforge sample --frames`)."""
+clips [B, C, T, H, W], any 1 + k·(temporal patch) frames (`genforge sample --frames`), or stories: one clip per
+prompt of a sequence, each continuing the last (`genforge sample --story`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from genforge.core.family import BuildContext
+from genforge.core.task import Batch
 from genforge.families.phenaki.model import VideoMaskTransformer
 from genforge.masked_base.task import MaskedTokenTask
 
@@ -39,4 +44,44 @@ class PhenakiTask(MaskedTokenTask):
         return (n, 1 + (frames - 1) // self.temporal_downsample, self.grid, self.grid)
 
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
-        return {**super().sampler_settings(**opts), "frames": opts.get("frames") or self.num_frames}
+        settings = {**super().sampler_settings(**opts), "frames": opts.get("frames") or self.num_frames}
+        if opts.get("story"):
+            t = self.code_shape(1, **opts)[1]
+            settings.update(story_chapters=len(opts["story"]), story_context_frames=self.story_context(t)[1])
+        return settings
+
+    def story_context(self, token_frames: int) -> tuple[int, int]:
+        """(token frames, video frames) a story chapter carries over from the previous one: the last half of a
+        clip's token frames (at least one), i.e. its last 1 + (k − 1)·(temporal patch) frames re-encoded."""
+        carried = max(1, (token_frames - 1) // 2)
+        return carried, 1 + (carried - 1) * self.temporal_downsample
+
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        """As MaskGIT's; with `story` (a list of prompts), each sample's caption is the whole story."""
+        if opts.get("story"):
+            if opts.get("prompt") or opts.get("prompts"):
+                raise ValueError("--story and --prompt/--prompts: give one of them")
+            return Batch(text=[" / ".join(opts["story"])] * n)
+        return super().sample_conditions(n, generator, **opts)
+
+    @torch.no_grad()
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, initial: Tensor | None = None,
+               **opts: Any) -> Tensor:
+        """Clips [n, C, T, H, W]; with `story` (prompts p_1 … p_m), Phenaki's story mode (§2.3, Fig. 1): the clip of
+        p_1, then for each next prompt the last video frames of the story so far are re-encoded by the causal
+        tokenizer (`story_context`), kept as the first token frames, and the rest decoded with the new prompt;
+        each chapter adds its frames after the carried ones: T = F + (m − 1)·(F − carried video frames)."""
+        story = opts.pop("story", None)
+        if not story:
+            return super().sample(cond, generator, n, initial=initial, **opts)
+        shape = self.code_shape(n, **opts)  # [n, t, h, w]
+        carried, carried_frames = self.story_context(shape[1])
+        others = {k: v for k, v in cond.items() if k != "text"}
+        video = super().sample(Batch(**others, text=[story[0]] * n), generator, n, **opts)  # [n, C, F, H, W]
+        for prompt in story[1:]:
+            known = self.token_codec.encode(video[:, :, -carried_frames:])  # [n, carried, h, w]
+            initial = torch.full(shape, self.model.mask_id, dtype=torch.long, device=known.device)
+            initial[:, :carried] = known
+            clip = super().sample(Batch(**others, text=[prompt] * n), generator, n, initial=initial, **opts)
+            video = torch.cat([video, clip[:, :, carried_frames:]], dim=2)
+        return video

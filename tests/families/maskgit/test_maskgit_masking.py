@@ -75,3 +75,21 @@ def test_decode_samples_from_the_logits_and_is_reproducible():
                   torch.device("cpu"))
     freq = torch.bincount(many.flatten(), minlength=k).float() / many.numel()
     assert (freq - 1 / k).abs().max() < 0.02  # uniform logits: uniform tokens
+
+
+def test_decode_keeps_initial_tokens_and_schedules_only_the_masked_ones():
+    b, n, k, steps = 2, 12, 7, 4
+    initial = torch.full((b, n), k)
+    initial[:, :5] = torch.tensor([1, 2, 3, 4, 5])  # known: the first five positions of every row
+    states = []
+    ids = decode(lambda ids: torch.zeros(b, n, k), b, n, k, steps, torch.Generator().manual_seed(0),
+                 torch.device("cpu"), on_step=lambda s, x: states.append(x.clone()), initial=initial)
+    assert torch.equal(ids[:, :5], initial[:, :5]) and (ids != k).all()
+    for step, state in enumerate(states):  # the schedule of the 7 positions to generate
+        assert torch.equal(state[:, :5], initial[:, :5])
+        assert ((state == k).sum(1) == masked_count(step, steps, n - 5)).all()
+    ragged = initial.clone()
+    ragged[0, 5] = 0  # one row with fewer positions to generate
+    with pytest.raises(ValueError, match="same, non-zero number of masked positions"):
+        decode(lambda ids: torch.zeros(b, n, k), b, n, k, steps, torch.Generator(), torch.device("cpu"),
+               initial=ragged)

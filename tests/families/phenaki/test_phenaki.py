@@ -15,6 +15,7 @@ from genforge.cli import app
 from genforge.data.loader import build_dataset, data_info
 from genforge.data.moving_shapes import DIRECTIONS
 from genforge.core.family import BuildContext
+from genforge.core.task import Batch
 from genforge.families.phenaki.model import VideoMaskTransformer
 from genforge.families.phenaki.task import PhenakiTask
 from genforge.nn.codec import ColourQuantizerCodec
@@ -60,6 +61,32 @@ def test_sampled_clips_have_the_asked_number_of_frames():
     assert task.sample(cond, gen, 2, frames=9).shape == (2, 3, 9, 16, 16)
     with pytest.raises(ValueError, match="1 \\+ k·2 frames"):
         task.sample(cond, gen, 2, frames=8)
+
+
+def test_story_mode_continues_each_clip_from_the_re_encoded_end_of_the_last(monkeypatch):
+    import genforge.masked_base.task as masked_task
+
+    task = task_of().eval()  # 5-frame clips: 3 token frames (1 + 2 tubelets of 2 frames)
+    story = ["a red circle moving left", "a red circle moving up", "a blue square moving down"]
+    carried, carried_frames = task.story_context(3)
+    assert (carried, carried_frames) == (1, 1)
+    initials = []
+    real_decode = masked_task.decode
+    monkeypatch.setattr(masked_task, "decode", lambda *a, **kw: initials.append(kw["initial"]) or real_decode(*a, **kw))
+    cond = task.sample_conditions(2, torch.Generator(), story=story)
+    assert cond["text"] == [" / ".join(story)] * 2
+    video = task.sample(cond, torch.Generator().manual_seed(0), 2, story=story)
+    assert video.shape == (2, 3, 5 + 2 * (5 - carried_frames), 16, 16)
+    assert len(initials) == len(story) and initials[0] is None
+    first = task.sample(Batch(text=[story[0]] * 2), torch.Generator().manual_seed(0), 2)
+    assert torch.equal(video[:, :, :5], first)  # chapter 1 is the plain clip of the first prompt
+    for chapter, initial in enumerate(initials[1 : len(story)], start=1):  # the tokens of the story's last carried frames
+        end = 5 + (chapter - 1) * (5 - carried_frames)
+        known = task.token_codec.encode(video[:, :, end - carried_frames : end]).flatten(1)
+        assert torch.equal(initial[:, : known.shape[1]], known)
+        assert (initial[:, known.shape[1] :] == task.model.mask_id).all()
+    with pytest.raises(ValueError, match="--story and --prompt"):
+        task.sample_conditions(2, torch.Generator(), story=story, prompt="a red circle")
 
 
 def test_default_prompts_are_held_out_captions_with_labels_and_directions():
