@@ -18,7 +18,7 @@ from genforge.app.encode import encode_dataset
 from genforge.app.runs import build_task, count_parameters, load_codec, load_run, make_trainer, missing_inputs
 from genforge.data.cache import MANIFEST, manifest_summary
 from genforge.data.images import center_crop_resize, load_rgb, to_tensor
-from genforge.data.moving_shapes import write_moving_shapes_folder
+from genforge.data.moving_shapes import write_moving_shapes_folder, write_moving_shapes_shards
 from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
 from genforge.engine.logging import write_samples
@@ -325,11 +325,23 @@ def data_moving_shapes(
     fmt: Annotated[str, typer.Option("--format", help="gif or mp4")] = "gif",
     fps: Annotated[float, typer.Option(min=0.1, help="frame rate of the files")] = 8.0,
     seed: Annotated[int, typer.Option(min=0)] = 0,
+    shards: Annotated[bool, typer.Option("--shards", help="write webdataset shards (.mp4 or .gif, .txt, .cls, "
+                                                          ".json) instead of a folder")] = False,
+    shard_size: Annotated[int, typer.Option(min=1, help="records per shard (with --shards)")] = 1000,
 ) -> None:
     """Write the built-in moving shapes as a folder of GIFs or MP4s (class sub-folders of the shapes classes, .txt
-    captions "a red circle moving left"), readable with data.source=video_folder."""
+    captions "a red circle moving left"), readable with data.source=video_folder, or with --shards as webdataset
+    shards for data.source=video_shards."""
     if fmt not in ("gif", "mp4"):
         raise typer.BadParameter(f"--format {fmt!r}: allowed gif, mp4")
+    if shards:
+        pattern, count = write_moving_shapes_shards(out, n, image_size, frames, seed=seed, fmt=fmt, fps=fps,
+                                                    shard_size=shard_size)
+        typer.echo(f"wrote {n} clips of {frames} frames at {image_size}x{image_size} ({fmt}) in {count} shard(s): "
+                   f"{pattern}")
+        typer.echo(f"train on them: --set data.source=video_shards --set \"data.path={pattern}\" "
+                   f"--set data.video.num_frames={frames}")
+        return
     root = write_moving_shapes_folder(out, n, image_size, frames, seed=seed, fmt=fmt, fps=fps)
     typer.echo(f"wrote {n} clips of {frames} frames at {image_size}x{image_size} ({fmt}) to {root}")
     typer.echo(f"train on them: --set data.source=video_folder --set data.path={root} "

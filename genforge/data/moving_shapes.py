@@ -8,6 +8,7 @@ DIRECTIONS). A horizontal flip mirrors left and right in the frames, the directi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from genforge.data.base import DataInfo, DataSource
 from genforge.data.images import flip_drawn, to_tensor
 from genforge.data.shapes import (COLORS, HELDOUT_SEED_OFFSET, KINDS, MIN_SIZE, NUM_CLASSES, SUPERSAMPLE, Shape,
                                   class_name, class_names, draw_shape, render_background)
-from genforge.data.video import write_video
+from genforge.data.video import video_bytes, write_video
 
 DIRECTIONS = ("left", "right", "up", "down")
 DIRECTION_VECTORS = np.array([(-1.0, 0.0), (1.0, 0.0), (0.0, -1.0), (0.0, 1.0)])  # (dx, dy); image y grows down
@@ -121,6 +122,27 @@ def write_moving_shapes_folder(out: str | Path, n: int, image_size: int, num_fra
         write_video(frames, folders[label] / f"{key}.{fmt}", fps, fmt)
         (folders[label] / f"{key}.txt").write_text(caption + "\n", encoding="utf-8")
     return root
+
+
+def write_moving_shapes_shards(out: str | Path, n: int, image_size: int, num_frames: int, seed: int = 0,
+                               fmt: str = "mp4", fps: float = 8.0, textured_fraction: float = 0.5,
+                               shard_size: int = 1000) -> tuple[str, int]:
+    """Write the set as webdataset shards `out/moving-shapes-NNNNNN.tar` of `shard_size` records `<key>.<mp4|gif>`,
+    `<key>.txt` (caption), `<key>.cls` (label), `<key>.json` ({"direction": d}); returns the brace pattern naming
+    them (a `data.path` for `data.source=video_shards`) and the number of shards."""
+    from webdataset import ShardWriter
+
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(str(root / "moving-shapes-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
+        for index in range(n):
+            frames, label, direction, caption = render_moving_shapes(seed, index, image_size, num_frames,
+                                                                     textured_fraction)
+            sink.write({"__key__": moving_shapes_key(seed, index), fmt: video_bytes(frames, fmt, fps),
+                        "txt": caption, "cls": label, "json": json.dumps({"direction": int(direction)})})
+    count = -(-n // shard_size)
+    pattern = f"moving-shapes-{{000000..{count - 1:06d}}}.tar" if count > 1 else "moving-shapes-000000.tar"
+    return str(root / pattern), count
 
 
 class MovingShapesSource(DataSource):

@@ -191,9 +191,7 @@ def decode_record(record: Record, key: str, image_size: int, flip: bool, aug_see
     are never flipped."""
     sample: dict[str, Any] = {"key": key}
     try:
-        meta = json.loads(record["json"]) if "json" in record else {}
-        if not isinstance(meta, dict):
-            raise ValueError(f".json holds a {type(meta).__name__}, not an object")
+        meta = record_meta(record)
         if "npy" in record:
             array = np.load(io.BytesIO(record["npy"]), allow_pickle=False)
             if array.ndim == 1:
@@ -213,17 +211,30 @@ def decode_record(record: Record, key: str, image_size: int, flip: bool, aug_see
         elif "latent" not in sample:
             fields = ", ".join(f".{f}" for f in sorted(record) if not f.startswith("__")) or "none"
             raise ValueError(f"no image (.{', .'.join(IMAGE_FIELDS)}) and no 3-D .npy latent; fields: {fields}")
-        if "txt" in record:
-            sample["text"] = _text(record["txt"])
-        elif isinstance(meta.get("caption", meta.get("text")), str):
-            sample["text"] = meta.get("caption", meta.get("text")).strip()
-        if "cls" in record:
-            sample["label"] = int(_text(record["cls"]))
-        elif meta.get("label", meta.get("cls")) is not None:
-            sample["label"] = int(meta.get("label", meta.get("cls")))
+        add_text_and_label(record, meta, sample)
     except Exception as err:  # any decoder error: skip and report, never kill the worker
         return {"key": key, "bad": f"{type(err).__name__}: {err}"}
     return sample
+
+
+def record_meta(record: Record) -> dict[str, Any]:
+    """The record's `.json` metadata object ({} without one; ValueError when it is not an object)."""
+    meta = json.loads(record["json"]) if "json" in record else {}
+    if not isinstance(meta, dict):
+        raise ValueError(f".json holds a {type(meta).__name__}, not an object")
+    return meta
+
+
+def add_text_and_label(record: Record, meta: dict[str, Any], sample: dict[str, Any]) -> None:
+    """`text` from `.txt` (else the metadata's caption / text) and `label` from `.cls` (else its label / cls)."""
+    if "txt" in record:
+        sample["text"] = _text(record["txt"])
+    elif isinstance(meta.get("caption", meta.get("text")), str):
+        sample["text"] = meta.get("caption", meta.get("text")).strip()
+    if "cls" in record:
+        sample["label"] = int(_text(record["cls"]))
+    elif meta.get("label", meta.get("cls")) is not None:
+        sample["label"] = int(meta.get("label", meta.get("cls")))
 
 
 def consistent(samples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
@@ -258,6 +269,7 @@ class ShardDataset(IterableDataset):
     Built with `world_size`, it checks that every worker of every process gets a shard."""
 
     num_classes = 0  # unknown without reading every record; a model config names its own
+    record_kind = "image"  # what the records hold, for errors
 
     def __init__(self, spec: str, image_size: int, flip: bool = False, shuffle_buffer: int = 1000,
                  max_image_pixels: int | None = None, world_size: int | None = None, num_workers: int = 0,
@@ -333,7 +345,7 @@ class ShardDataset(IterableDataset):
         if not good:
             first = "; ".join(f"{key}: {reason}" for key, reason in skipped[:3])
             raise DataError(f"every one of {len(raw)} records of a micro-batch was unreadable ({first}); is "
-                            f"data.path={self.spec!r} a set of webdataset image shards?")
+                            f"data.path={self.spec!r} a set of webdataset {self.record_kind} shards?")
         batch = collate(good)
         batch["skipped"] = skipped
         return batch
@@ -404,6 +416,10 @@ class ShardsSource(DataSource):
         elif split != "train":
             raise ValueError(f"data.source=shards ({cfg.path}) has no {split!r} split: set data.val_fraction / "
                              "data.test_fraction")
+        return self.dataset(spec, cfg, flip, world_size)
+
+    def dataset(self, spec: str, cfg: DataConfig, flip: bool, world_size: int | None) -> ShardDataset:
+        """The data set of the shards `spec` (one split of data.path)."""
         embeddings = ShardEmbeddings(cfg.image_embeds, cfg.embed_index_width) if cfg.image_embeds else None
         return ShardDataset(spec, cfg.image_size, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
                             max_image_pixels=cfg.max_image_pixels, world_size=world_size,

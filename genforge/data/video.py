@@ -27,6 +27,7 @@ from genforge.core.registry import DATA_SOURCES
 from genforge.data.base import DataInfo
 from genforge.data.folder import FolderSource, ImageFolderDataset, folder_listing
 from genforge.data.images import flip_drawn, to_uint8
+from genforge.data.shards import Record, ShardDataset, ShardsSource, add_text_and_label, record_meta, shard_name
 
 VIDEO_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".gif")
 
@@ -235,3 +236,62 @@ class VideoFolderSource(FolderSource):
 
 
 DATA_SOURCES.register("video_folder", VideoFolderSource())
+
+
+# ------------------------------------------------------------------------------------------------ video shards
+VIDEO_FIELDS = tuple(ext.lstrip(".") for ext in VIDEO_EXTENSIONS)  # the first one a record has is its video
+
+
+def decode_video_record(record: Record, key: str, image_size: int, spec: VideoConfig, flip: bool,
+                        aug_seed: int | None) -> dict[str, Any]:
+    """A sample (`video` [3, T, S, S] in [-1, 1], `text`, `label`, `key`) of a shard record `<key>.mp4|.webm|...`,
+    clipped, cropped and flipped like a video folder's file, or {"key", "bad": reason} when it cannot be used."""
+    sample: dict[str, Any] = {"key": key}
+    try:
+        meta = record_meta(record)
+        field = next((f for f in VIDEO_FIELDS if f in record), None)
+        if field is None:
+            fields = ", ".join(f".{f}" for f in sorted(record) if not f.startswith("__")) or "none"
+            raise ValueError(f"no video (.{', .'.join(VIDEO_FIELDS)}); fields: {fields}")
+        clip = read_clip(io.BytesIO(record[field]), spec, start_position(aug_seed))
+        sample["video"] = resize_crop_frames(clip.frames, image_size, flip and flip_drawn(aug_seed))
+        add_text_and_label(record, meta, sample)
+    except Exception as err:  # any decoder error: skip and report, never kill the worker
+        return {"key": key, "bad": f"{type(err).__name__}: {err}"}
+    return sample
+
+
+class VideoShardDataset(ShardDataset):
+    """Webdataset shards of videos: each record one video (+ `.txt`, `.cls`, `.json`), decoded from memory by
+    seeking to a clip of `spec` (the per-sample seed draws its start and flip), streamed as ShardDataset streams."""
+
+    record_kind = "video"
+
+    def __init__(self, spec: str, image_size: int, video: VideoConfig, **kwargs: Any) -> None:
+        super().__init__(spec, image_size, **kwargs)
+        self.video = video
+
+    def decode(self, url: str, record: Record, aug_seed: int | None) -> dict[str, Any]:
+        return decode_video_record(record, f"{shard_name(url)}/{record['__key__']}", self.image_size, self.video,
+                                   self.flip, aug_seed)
+
+
+class VideoShardsSource(ShardsSource):
+    """`data.source: video_shards`: webdataset shards of videos (`genforge data moving_shapes --shards` writes
+    them), split by whole shards like image shards."""
+
+    name = "video_shards"
+    field = "video"
+    path_help = "webdataset shards of videos, e.g. data/clips-{000000..000127}.tar"
+    resize = ("short side resized to data.image_size (bicubic, antialiased), centre crop; the same crop and flip "
+              "on every frame")
+
+    def dataset(self, spec: str, cfg: DataConfig, flip: bool, world_size: int | None) -> VideoShardDataset:
+        return VideoShardDataset(spec, cfg.image_size, cfg.video, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
+                                 world_size=world_size, num_workers=cfg.num_workers)
+
+    def info(self, dataset: ShardDataset, cfg: DataConfig) -> DataInfo:
+        return DataInfo(num_classes=0, channels=3, image_size=cfg.image_size, kind="video")
+
+
+DATA_SOURCES.register("video_shards", VideoShardsSource())

@@ -1,7 +1,10 @@
-"""Video data: seeking decode, clip indices, colour order, crops, skipped files, moving shapes, video previews."""
+"""Video data: seeking decode, clip indices, colour order, crops, skipped files, moving shapes, video shards, video
+previews."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +16,7 @@ from genforge.core.config import VideoConfig
 from genforge.data.base import collate
 from genforge.data.loader import ReplaceUnreadable, build_dataset, data_info
 from genforge.data.moving_shapes import (DIRECTIONS, MovingShapesDataset, render_moving_shapes,
-                                         write_moving_shapes_folder)
+                                         write_moving_shapes_folder, write_moving_shapes_shards)
 from genforge.data.previews import write_preview
 from genforge.data.video import (VideoFolderDataset, VideoTooShort, clip_frame_indices, clip_times, read_clip,
                                  resize_crop_frames, write_video)
@@ -162,6 +165,33 @@ def test_moving_shapes_folder_reads_back_as_a_video_folder(tmp_path):
     assert len(ds) == 6 and ds.num_classes == 16
     sample = ds[0]
     assert sample["video"].shape == (3, 9, 16, 16) and "moving" in sample["text"]
+
+
+def test_video_shards_stream_clips_and_report_a_truncated_record(tmp_path):
+    pattern, count = write_moving_shapes_shards(tmp_path / "good", 5, 16, 9, fmt="mp4", shard_size=5)
+    assert count == 1
+    with tarfile.open(pattern) as tar:  # the same records, one of them cut in half
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    mp4 = sorted(name for name in members if name.endswith(".mp4"))
+    members[mp4[2]] = members[mp4[2]][: len(members[mp4[2]]) // 2]
+    bad_shard = tmp_path / "clips-000000.tar"
+    with tarfile.open(bad_shard, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    cfg = load_config("cvivit-debug", ["data.source=video_shards", f"data.path={bad_shard}", "data.image_size=16",
+                                       "data.video.num_frames=5"]).data
+    ds = build_dataset(cfg)
+    assert data_info(ds, cfg).kind == "video"
+    samples = list(ds)  # one pass in order
+    assert [s["key"] for s in samples if "bad" in s] == [f"clips-000000/{Path(mp4[2]).stem}"]
+    good = [s for s in samples if "bad" not in s]
+    assert len(good) == 4 and all(s["video"].shape == (3, 5, 16, 16) for s in good)
+    assert all("moving" in s["text"] and 0 <= s["label"] < 16 for s in good)
+    batch = ds.batch([(str(bad_shard), {"__key__": Path(m).stem, "mp4": members[m], "txt": b"a clip"}, 7)
+                      for m in mp4])
+    assert batch["video"].shape == (4, 3, 5, 16, 16) and len(batch["skipped"]) == 1
 
 
 @pytest.mark.parametrize("suffix", [".gif", ".mp4"])
