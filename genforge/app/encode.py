@@ -22,7 +22,7 @@ from genforge.core.registry import CACHE_KINDS
 from genforge.data.base import CacheError, source_of
 from genforge.data.cache import MANIFEST, SHARD_PATTERN, CacheManifest, Preprocessing
 from genforge.data.images import png_bytes
-from genforge.data.loader import build_dataset, dataset_size
+from genforge.data.loader import build_dataset, dataset_size, pixel_field
 from genforge.data.text_embeds import write_text_embeds
 from genforge.text.base import TextEncoder
 from genforge.text.config import TextEncoderConfig
@@ -32,7 +32,7 @@ from genforge.text.encoders import build_text_encoder
 def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str | Path, *, flip: bool,
                    batch_size: int = 64, shard_size: int = 10_000, device: torch.device | str = "cpu",
                    progress: bool = False, text: TextEncoderConfig | None = None) -> CacheManifest:
-    """Encode the training split of `data` (unflipped, plus its mirror image when `flip`) with `codec` into the
+    """Encode the training split of `data` (images or clips; unflipped, plus its mirror image when `flip`) with `codec` into the
     cache folder `out`, which must not exist or be empty; with `text` (a frozen text encoder), also the distinct
     captions (genforge.data.text_embeds). Everything is written under a temporary name that is renamed to `out`
     at the end, so a killed encode never leaves a manifest for incomplete shards or embeddings."""
@@ -88,6 +88,9 @@ def _write_shards(codec: nn.Module, info: CodecInfo, data: DataConfig, dataset: 
                   progress: bool, captions: dict[str, None] | None = None) -> CacheManifest:
     """Write the shards into `folder`; the distinct captions written (flipped ones too) are added to `captions`."""
     kind = CACHE_KINDS.get(info.kind)
+    field = pixel_field(data)  # "image" [C, H, W], or "video" [C, T, H, W]: clips to video token ids [t, h, w]
+    if field == "video" and kind.with_image:
+        raise CacheError(f"{info.run_dir}: {info.kind} caches keep the source image; they cannot hold clips")
     mirror = getattr(dataset, "mirror_text", None)  # the caption of the flipped image, where a source has one
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=data.num_workers, collate_fn=list)
     shards: list[str] = []
@@ -103,7 +106,7 @@ def _write_shards(codec: nn.Module, info: CodecInfo, data: DataConfig, dataset: 
             good = [s for s in samples if "bad" not in s]
             if not good:
                 continue
-            images = torch.stack([s["image"] for s in good]).to(device)  # [b, 3, H, W] in [-1, 1]
+            images = torch.stack([s[field] for s in good]).to(device)  # [b, 3, (T,) H, W] in [-1, 1]
             codes = _encode(codec, images, info)
             flipped = _encode(codec, images.flip(-1), info) if flip else None
             first = codes if first is None else first

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from genforge.core.config import DataConfig
+from genforge.data.loader import image_data
 from genforge.masked_base.config import MaskedTokenConfig
 from genforge.nn.codec import VideoTokenInputConfig
 
@@ -25,13 +26,15 @@ class PhenakiConfig(MaskedTokenConfig):
     sample_steps: int = Field(12, gt=0, description="parallel decoding iterations (Phenaki: 12 to 48)")
 
     def check_data(self, data: DataConfig) -> None:
-        if data.source == "cache":
-            raise ValueError("data.source=cache: phenaki encodes clips with its tokenizer as it trains; give the "
-                             "video data itself (data.source video_folder, moving_shapes or webdataset)")
+        if data.source == "cache" and self.tokens.codec != "tokenizer":
+            raise ValueError("data.source=cache needs model.tokens.codec=tokenizer and model.tokens.tokenizer set "
+                             "to the cvivit run that wrote the cache (it decodes the samples)")
         if self.tokens.codec != "tokenizer":  # the stand-in's layout is known now; a tokenizer's once it is loaded
             self.check_tokens(data, self.tokens.factor, self.tokens.temporal_factor, self.tokens.levels**3,
                               "model.tokens")
-        if self.conditioning == "text" and not self.sample_prompts and data.source != "moving_shapes":
+        clips = image_data(data)  # a cache: the clips it was encoded from (None while its manifest is unreadable)
+        on_moving_shapes = clips is None or clips.source == "moving_shapes"
+        if self.conditioning == "text" and not self.sample_prompts and not on_moving_shapes:
             raise ValueError("model.sample_prompts: a text-conditioned model on data other than moving_shapes needs "
                              "prompts for its preview clips and evaluation, e.g. --set 'model.sample_prompts=[\"a "
                              "dog running on the beach\"]'")

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch
+from genforge.data.loader import image_data
 from genforge.families.phenaki.model import VideoMaskTransformer
 from genforge.masked_base.task import MaskedTokenTask
 
@@ -28,9 +29,10 @@ class PhenakiTask(MaskedTokenTask):
             raise ValueError(f"model.tokens: {source} is an image tokenizer; phenaki needs a video tokenizer (a "
                              "cvivit run)")
         self.temporal_downsample = int(temporal)
-        self.frames, self.grid = cfg.check_tokens(ctx.data, int(codec.downsample), self.temporal_downsample,
+        clips = image_data(ctx.data) or ctx.data  # a video token cache: the clips it was encoded from
+        self.frames, self.grid = cfg.check_tokens(clips, int(codec.downsample), self.temporal_downsample,
                                                   self.codebook_size, source)
-        self.num_frames = ctx.data.video.num_frames
+        self.num_frames = clips.video.num_frames
         return VideoMaskTransformer(self.codebook_size, self.grid**2, cfg.width, cfg.depth, cfg.num_heads,
                                     cfg.mlp_ratio, cfg.dropout, text_dim=text_dim, num_classes=self.num_classes)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -68,7 +70,7 @@ def test_num_frames_must_fit_the_tubelets():
         load_config("cvivit-debug", ["data.video.num_frames=6"])
 
 
-def test_train_then_evaluate_per_frame(tmp_path):
+def test_train_evaluate_per_frame_then_phenaki_trains_on_a_video_token_cache(tmp_path):
     run = tmp_path / "run"
     out = runner.invoke(app, ["train", "cvivit-debug", "--run-dir", str(run)])
     assert out.exit_code == 0, out.output
@@ -76,3 +78,14 @@ def test_train_then_evaluate_per_frame(tmp_path):
     out = runner.invoke(app, ["eval", str(run), "--metrics", "psnr,ssim,codebook", "--n", "4"])
     assert out.exit_code == 0, out.output
     assert "psnr" in out.output and "codebook_usage" in out.output
+    cache = tmp_path / "cache"
+    out = runner.invoke(app, ["encode", str(run), "--out", str(cache), "--flip", "--set", "data.shapes.n=8"])
+    assert out.exit_code == 0, out.output
+    manifest = json.loads((cache / "cache.json").read_text())
+    assert manifest["kind"] == "tokens" and manifest["shape"] == [3, 4, 4] and manifest["count"] == 8  # [t, h, w]
+    phenaki = tmp_path / "phenaki"
+    out = runner.invoke(app, ["train", "phenaki-debug", "--run-dir", str(phenaki), "--set", "model.tokens.codec=tokenizer",
+                              "--set", f"model.tokens.tokenizer={run}", "--set", "data.source=cache",
+                              "--set", f"data.path={cache}"])
+    assert out.exit_code == 0, out.output
+    assert (phenaki / "samples" / "step-000004.gif").is_file()
