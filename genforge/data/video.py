@@ -30,6 +30,8 @@ from genforge.data.images import flip_drawn, to_uint8
 from genforge.data.shards import Record, ShardDataset, ShardsSource, add_text_and_label, record_meta, shard_name
 
 VIDEO_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".gif")
+VIDEO_RESIZE = ("short side resized to data.image_size (bicubic, antialiased), centre crop; the same crop and flip on "
+                "every frame")
 
 
 class VideoTooShort(ValueError):
@@ -219,8 +221,7 @@ class VideoFolderSource(FolderSource):
     name = "video_folder"
     field = "video"
     path_help = "a folder of videos"
-    resize = ("short side resized to data.image_size (bicubic, antialiased), centre crop; the same crop and flip "
-              "on every frame")
+    resize = VIDEO_RESIZE
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> VideoFolderDataset:
         if not Path(cfg.path).is_dir():
@@ -283,8 +284,7 @@ class VideoShardsSource(ShardsSource):
     name = "video_shards"
     field = "video"
     path_help = "webdataset shards of videos, e.g. data/clips-{000000..000127}.tar"
-    resize = ("short side resized to data.image_size (bicubic, antialiased), centre crop; the same crop and flip "
-              "on every frame")
+    resize = VIDEO_RESIZE
 
     def dataset(self, spec: str, cfg: DataConfig, flip: bool, world_size: int | None) -> VideoShardDataset:
         return VideoShardDataset(spec, cfg.image_size, cfg.video, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
