@@ -138,6 +138,10 @@ def sample(
     prompt_list = _read_prompts(prompts) if prompts is not None else None
     if prompt is not None and prompt_list is not None:
         _fail("--prompt and --prompts: give one of them")
+    for source in [p for p in (prompts, story) if p is not None and out is not None]:
+        if out.with_suffix(".txt").resolve() == source.resolve():  # the captions are written beside the output
+            _fail(f"--out {out}: its captions file {out.with_suffix('.txt')} would overwrite {source}; choose "
+                  "another --out")
     run, device = _open_run(run_dir)
     text = prompt is not None or prompt_list is not None or negative_prompt is not None
     if text and not run.config.model.takes_prompts():

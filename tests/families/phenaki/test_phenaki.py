@@ -138,6 +138,14 @@ def test_train_sample_and_evaluate_clips(tmp_path):
     assert out.exit_code == 0, out.output
     with av.open(str(tmp_path / "clip.mp4")) as container:
         assert sum(1 for _ in container.decode(video=0)) == 7
+    chapters = tmp_path / "chapters.txt"
+    chapters.write_text("a red circle moving left\na red circle moving up\n")
+    out = runner.invoke(app, ["sample", str(run), "--story", str(chapters), "--n", "2", "--out", str(tmp_path / "chapters.gif")])
+    assert out.exit_code == 2 and "would overwrite" in out.output  # the captions beside it would replace the story
+    out = runner.invoke(app, ["sample", str(run), "--story", str(chapters), "--n", "2", "--out", str(tmp_path / "story.mp4")])
+    assert out.exit_code == 0, out.output
+    with av.open(str(tmp_path / "story.mp4")) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 5 + (5 - 1)  # the second chapter adds 4 frames
     out = runner.invoke(app, ["eval", str(run), "--metrics", "judge,direction", "--n", "4"])
     assert out.exit_code == 0, out.output
     assert "judge_clip_accuracy" in out.output and "direction_accuracy" in out.output
