@@ -23,6 +23,7 @@ from genforge.data.base import DataInfo, DataSource
 from genforge.data.images import flip_drawn, to_tensor
 from genforge.data.shapes import (COLORS, HELDOUT_SEED_OFFSET, KINDS, MIN_SIZE, NUM_CLASSES, SUPERSAMPLE, Shape,
                                   class_name, class_names, draw_shape, render_background)
+from genforge.data.shards import shard_pattern
 from genforge.data.video import video_bytes, write_video
 
 DIRECTIONS = ("left", "right", "up", "down")
@@ -140,9 +141,7 @@ def write_moving_shapes_shards(out: str | Path, n: int, image_size: int, num_fra
                                                                      textured_fraction)
             sink.write({"__key__": moving_shapes_key(seed, index), fmt: video_bytes(frames, fmt, fps),
                         "txt": caption, "cls": label, "json": json.dumps({"direction": int(direction)})})
-    count = -(-n // shard_size)
-    pattern = f"moving-shapes-{{000000..{count - 1:06d}}}.tar" if count > 1 else "moving-shapes-000000.tar"
-    return str(root / pattern), count
+    return shard_pattern(root, "moving-shapes", n, shard_size)
 
 
 class MovingShapesSource(DataSource):

@@ -20,6 +20,7 @@ from genforge.core.config import DataConfig
 from genforge.core.registry import DATA_SOURCES
 from genforge.data.base import DataSource
 from genforge.data.images import flip_drawn, to_tensor
+from genforge.data.shards import shard_pattern
 
 KINDS = ("circle", "square", "triangle", "cross")
 COLORS = {"red": (220, 40, 40), "green": (40, 175, 60), "blue": (45, 85, 225), "yellow": (240, 215, 40)}
@@ -232,10 +233,7 @@ def write_shapes_shards(out: str | Path, n: int, image_size: int, seed: int = 0,
             png = io.BytesIO()
             Image.fromarray(image).save(png, format="PNG")
             sink.write({"__key__": shapes_key(seed, index), "png": png.getvalue(), "txt": caption, "cls": label})
-    count = -(-n // shard_size)
-    last = count - 1
-    pattern = f"shapes-{{000000..{last:06d}}}.tar" if count > 1 else "shapes-000000.tar"
-    return str(root / pattern), count
+    return shard_pattern(root, "shapes", n, shard_size)
 
 
 HELDOUT_SEED_OFFSET = 1_000_003  # the held-out split renders another seed: images the training set never has

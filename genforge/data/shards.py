@@ -57,6 +57,14 @@ def expand_spec(spec: str) -> list[str]:
     return [url for url in expand_urls(spec) if url]
 
 
+def shard_pattern(folder: Path, prefix: str, n: int, shard_size: int) -> tuple[str, int]:
+    """The brace pattern (a data.path) naming the shards `folder/<prefix>-NNNNNN.tar` that a ShardWriter wrote for n
+    records of `shard_size` each, and how many there are."""
+    count = -(-n // shard_size)
+    name = f"{prefix}-{{000000..{count - 1:06d}}}.tar" if count > 1 else f"{prefix}-000000.tar"
+    return str(folder / name), count
+
+
 def local_path(url: str) -> Path | None:
     """The file a URL names on this machine (a plain path or file://), None for remote and pipe: URLs."""
     parsed = urlparse(url)

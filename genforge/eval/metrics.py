@@ -286,8 +286,9 @@ class I3DClipFeatures(FeatureExtractor):
     """I3D features [b, D] of generated clips (eval.i3d_weights)."""
 
     def setup(self, ctx: EvalContext) -> None:
-        if pixel_field(ctx.data) != "video":
-            raise ValueError(f"metric 'fvd' needs a video model (data.source={ctx.data.source} gives images)")
+        clips = image_data(ctx.data)  # a video token cache: the clips it was encoded from
+        if clips is None or pixel_field(clips) != "video":
+            raise ValueError(f"metric 'fvd' needs a video model (data.source={ctx.data.source} gives no clips)")
         i3d_features(ctx.eval.i3d_weights, str(ctx.device))  # before sampling: fail early
 
     def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
@@ -309,12 +310,13 @@ class FVD(SampleMetric):
 
     def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
         net, n = i3d_features(ctx.eval.i3d_weights, str(ctx.device)), ctx.eval.ref_n or ctx.n
+        data, split = image_data(ctx.data), heldout_split(image_data(ctx.data))  # the clips behind a cache
         real = torch.cat([net(clips.to(ctx.device)).cpu()
-                          for clips in heldout_batches(ctx.data, n, ctx.batch_size, "video")])
+                          for clips in heldout_batches(data, n, ctx.batch_size, "video")])
         if len(real) < 2:
-            raise ValueError(f"metric 'fvd' needs at least 2 readable clips in the {heldout_split(ctx.data)!r} split")
+            raise ValueError(f"metric 'fvd' needs at least 2 readable clips in the {split!r} split")
         fvd = dm.frechet_distance(*dm.gaussian_stats(real), *dm.gaussian_stats(rows))
-        return {"fvd": fvd, "fvd_ref_n": len(real), "fvd_ref_split": heldout_split(ctx.data)}
+        return {"fvd": fvd, "fvd_ref_n": len(real), "fvd_ref_split": split}
 
 
 # -------------------------------------------------------------------------------------------- tokenizers
@@ -467,8 +469,8 @@ class Variation(SampleMetric):
         return dict(zip(self.results, means))
 
 
-for _metric in (Judge(), Direction(), FID(), FVD(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(), Codebook(),
-                Variation(), ZeroShot(), Retrieval()):
+for _metric in (Judge(), Direction(), FID(), FVD(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(),
+                Codebook(), Variation(), ZeroShot(), Retrieval()):
     METRICS.register(_metric.name, _metric)
 
 
