@@ -34,8 +34,8 @@ def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str
                    progress: bool = False, text: TextEncoderConfig | None = None) -> CacheManifest:
     """Encode the training split of `data` (images or clips; unflipped, plus its mirror image when `flip`) with
     `codec` into the cache folder `out`, which must not exist or be empty; with `text` (a frozen text encoder), also
-    the distinct captions (genforge.data.text_embeds). Everything is written under a temporary name that is renamed to `out`
-    at the end, so a killed encode never leaves a manifest for incomplete shards or embeddings."""
+    the distinct captions (genforge.data.text_embeds). Everything is written under a temporary name that is
+    renamed to `out` at the end, so a killed encode never leaves a manifest for incomplete shards or embeddings."""
     out = Path(out)
     if data.source == "cache":
         raise CacheError(f"data.source=cache ({data.path}): encode reads images (data.source shapes, folder or "
