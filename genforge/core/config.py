@@ -12,8 +12,8 @@ from genforge.core.codec import InputRun
 from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
-__all__ = ["ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "LogConfig", "PhaseConfig", "ShapesConfig",
-           "StrictModel", "TrainConfig"]
+__all__ = ["ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig", "PhaseConfig",
+           "ShapesConfig", "StrictModel", "TrainConfig"]
 
 
 class StrictModel(BaseModel):
@@ -48,6 +48,18 @@ class VideoConfig(StrictModel):
     random_start: bool = Field(True, description="a random temporal crop; false: every clip starts at frame 0")
 
 
+class JointImagesConfig(StrictModel):
+    """Images trained on beside a video source, each as a 1-frame clip [C, 1, H, W] (Phenaki §3.1 trains C-ViViT and
+    the transformer on images and videos together). A step's batch is all images or all clips; `ratio` of the steps
+    are image steps, spread evenly (step s is an image step when floor((s + 1)·ratio) > floor(s·ratio)), so the mix
+    is a pure function of the step and resumes exactly. Every other data setting (image_size, flip, shapes, splits,
+    workers) is the video section's."""
+
+    source: str = Field("shapes", description="an image source: shapes, folder, shards")
+    path: str | None = Field(None, description="its data.path (an image folder, shards)")
+    ratio: float = Field(0.25, gt=0.0, lt=1.0, description="share of optimizer steps whose batch is images")
+
+
 class DataConfig(StrictModel):
     """Where samples come from and how they are preprocessed."""
 
@@ -78,6 +90,8 @@ class DataConfig(StrictModel):
                                                                 "key that give its row (img2dataset: 4)")
     shapes: ShapesConfig = ShapesConfig()
     video: VideoConfig = VideoConfig()
+    images: JointImagesConfig | None = Field(None, description="video sources: images trained on as 1-frame clips "
+                                                               "in a share of the steps (joint image + video)")
 
     @model_validator(mode="after")
     def _source_checks(self) -> "DataConfig":
@@ -90,7 +104,22 @@ class DataConfig(StrictModel):
         reported where the whole run config is validated, once every plug-in is loaded)."""
         if self.source in DATA_SOURCES:
             DATA_SOURCES.get(self.source).check(self)
+        if self.images is not None:
+            self.joint_images()  # checks the images' section
         return self
+
+    def joint_images(self) -> "DataConfig | None":
+        """The data section of `images` (joint image + video training): this one with the images' source and path,
+        None without images. ValueError unless this source makes clips and that one images."""
+        if self.images is None:
+            return None
+        for name, source, field in (("data.source", self.source, "video"), ("data.images.source", self.images.source,
+                                                                             "image")):
+            if source in DATA_SOURCES and DATA_SOURCES.get(source).field != field:
+                raise ValueError(f"data.images (joint image + video training) needs {name} to give "
+                                 f"{'clips' if field == 'video' else 'images'}; {source!r} does not")
+        update = {"source": self.images.source, "path": self.images.path, "images": None}
+        return DataConfig.model_validate({**self.model_dump(), **update})
 
 
 class PhaseConfig(StrictModel):

@@ -278,6 +278,7 @@ class CacheSource(DataSource):
 
     name = "cache"
     path_help = "a folder written by `genforge encode`"
+    field = "codes"  # its samples hold a codec's codes (`latent`, `tokens`), not pixels
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> CacheDataset:
         if split == "val":

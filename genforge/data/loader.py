@@ -9,12 +9,17 @@ and resuming at step `s` needs nothing but `s`.
 
 Webdataset shards stream instead (genforge.data.shards): their order depends on the number of processes
 and workers, but resuming still needs nothing but `s` (`build_train_batches` serves both).
+
+Joint image + video training (`data.images`) draws each global batch from one of two such loaders: global batch
+`p` is images when floor((p + 1)·ratio) > floor(p·ratio), so the clips' loader is at batch p − floor(p·ratio) and
+the images' at floor(p·ratio), both pure functions of `p` again.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import signal
 from pathlib import Path
 from typing import Any, Iterator
@@ -218,11 +223,55 @@ def _as_collated(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
+def image_batches_before(position: int, ratio: float) -> int:
+    """Image batches among global batches [0, `position`) of a joint image + video run with `data.images.ratio`."""
+    return math.floor(position * ratio)
+
+
+def is_image_batch(position: int, ratio: float) -> bool:
+    """Whether global batch `position` of a joint image + video run is images (ratio of them, evenly spread)."""
+    return image_batches_before(position + 1, ratio) > image_batches_before(position, ratio)
+
+
+class JointBatches:
+    """The micro-batches of a joint image + video run: for each global batch from `start_position` on, its
+    `grad_accum` micro-batches all from the clips' loader or all from the images' (`is_image_batch`), an image
+    batch's `image` [B, C, H, W] served as `video` [B, C, 1, H, W] (a 1-frame clip)."""
+
+    def __init__(self, clips: DataLoader, images: DataLoader, ratio: float, start_position: int,
+                 grad_accum: int) -> None:
+        self.clips, self.images, self.ratio = clips, images, ratio
+        self.start_position, self.grad_accum = start_position, grad_accum
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        clips, images = iter(self.clips), iter(self.images)
+        for position in itertools.count(self.start_position):
+            from_images = is_image_batch(position, self.ratio)
+            for _ in range(self.grad_accum):
+                if not from_images:
+                    yield next(clips)
+                    continue
+                batch = next(images)
+                batch["video"] = batch.pop("image").unsqueeze(2)  # [B, C, 1, H, W]
+                yield batch
+
+
 def build_train_batches(dataset: Dataset, data: DataConfig, train: TrainConfig, world_size: int = 1, rank: int = 0,
-                        start_position: int = 0, pin_memory: bool = False) -> DataLoader:
+                        start_position: int = 0, pin_memory: bool = False) -> DataLoader | JointBatches:
     """This rank's micro-batches (`train.grad_accum` per optimizer step) from global batch `start_position` on,
     forever: a map-style data set through StepBatchSampler + build_loader; webdataset shards (a stream) through
-    the rank's ShardStream, whose workers batch, and which skips the micro-batches consumed before."""
+    the rank's ShardStream, whose workers batch, and which skips the micro-batches consumed before. With
+    `data.images`, clips of `dataset` and images of `data.images` mixed by JointBatches (the images' order seeded
+    apart from the clips')."""
+    if data.images is not None:
+        ratio, image_cfg = data.images.ratio, data.joint_images()
+        before = image_batches_before(start_position, ratio)
+        clips = build_train_batches(dataset, data.model_copy(update={"images": None}), train, world_size, rank,
+                                    start_position - before, pin_memory)
+        images = build_train_batches(build_dataset(image_cfg, "train", world_size=world_size), image_cfg,
+                                     train.model_copy(update={"seed": mix_seed(train.seed, 1)}), world_size, rank,
+                                     before, pin_memory)
+        return JointBatches(clips, images, ratio, start_position, train.grad_accum)
     if isinstance(dataset, IterableDataset):
         micro = micro_batch_size(train.batch_size, train.grad_accum, world_size)
         stream = dataset.stream(micro, world_size, rank, data.num_workers, train.seed,

@@ -136,7 +136,7 @@ class Trainer:
         self.dataset = build_dataset(run.data, split="train", world_size=acc.num_processes)
         self.data_info = data_info(self.dataset, run.data)
         self.task: Task = run.build_task(self.data_info)
-        if len(self.task.phases) > 1:
+        if len(self.task.phases) > 1 or run.data.images is not None:  # a phase / a 1-frame clip leaves weights unused
             ddp.find_unused_parameters = True
         self.task.to(acc.device)
         tc.check_phases(self.task.phase_names())

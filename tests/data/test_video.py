@@ -4,6 +4,7 @@ previews."""
 from __future__ import annotations
 
 import io
+import itertools
 import tarfile
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 import torch
 
 from genforge.app.config import load_config
-from genforge.core.config import VideoConfig
+from genforge.core.config import DataConfig, TrainConfig, VideoConfig
 from genforge.data.base import collate
-from genforge.data.loader import ReplaceUnreadable, build_dataset, data_info
+from genforge.data.loader import (ReplaceUnreadable, build_dataset, build_train_batches, data_info, image_batches_before,
+                                  is_image_batch)
 from genforge.data.moving_shapes import (DIRECTIONS, MovingShapesDataset, render_moving_shapes,
                                          write_moving_shapes_folder, write_moving_shapes_shards)
 from genforge.data.previews import write_preview
@@ -200,3 +202,50 @@ def test_video_previews_are_animated_grids(tmp_path, suffix):
     path = write_preview(videos, tmp_path / f"preview{suffix}", nrow=2)
     frames = read_clip(path, VideoConfig(num_frames=5)).frames
     assert frames.shape[0] == 5 and frames.shape[1] >= 2 * 8 and frames.shape[2] >= 2 * 8
+
+
+def _joint_data(**images):
+    return DataConfig(source="moving_shapes", image_size=16, num_workers=0, shapes={"n": 64},
+                      video={"num_frames": 5}, images={"source": "shapes", **images})
+
+
+def test_joint_image_and_video_batches_follow_the_ratio_and_resume_exactly():
+    data, train = _joint_data(ratio=0.25), TrainConfig(batch_size=4, grad_accum=2, seed=5)
+    batches = build_train_batches(build_dataset(data), data, train)
+    straight = list(itertools.islice(batches, 2 * 12))  # 12 optimizer steps of 2 micro-batches
+    kinds = [b["video"].shape[2] for b in straight]
+    assert kinds[::2] == kinds[1::2]  # the micro-batches of one step are of one kind
+    assert kinds[::2] == [5, 5, 5, 1] * 3  # every 4th step is images, evenly spread
+    for batch in straight:
+        assert batch["video"].shape[:2] == (2, 3) and batch["video"].shape[3:] == (16, 16)
+        assert batch["video"].min() >= -1 and batch["video"].max() <= 1
+        assert len(batch["text"]) == 2 and "label" in batch
+    images = [b for b in straight if b["video"].shape[2] == 1]
+    assert all("moving" not in text for b in images for text in b["text"])  # shapes captions: no motion
+    resumed = list(itertools.islice(build_train_batches(build_dataset(data), data, train, start_position=7), 2 * 5))
+    for a, b in zip(straight[2 * 7:], resumed):
+        assert torch.equal(a["video"], b["video"]) and a["key"] == b["key"]
+
+
+def test_joint_image_batches_are_images_of_the_image_source_seeded_apart_from_the_clips():
+    assert [is_image_batch(p, 0.4) for p in range(10)].count(True) == 4
+    assert sum(is_image_batch(p, 0.3) for p in range(1000)) == image_batches_before(1000, 0.3) == 300
+    data, train = _joint_data(ratio=0.5), TrainConfig(batch_size=8, seed=0)
+    batches = list(itertools.islice(build_train_batches(build_dataset(data), data, train), 4))
+    clip_keys = [k for b in batches if b["video"].shape[2] > 1 for k in b["key"]]
+    image_keys = [k for b in batches if b["video"].shape[2] == 1 for k in b["key"]]
+    assert len(clip_keys) == len(image_keys) == 16
+    assert all(k.startswith("moving-shapes-") for k in clip_keys) and all(k.startswith("shapes-") for k in image_keys)
+    index = lambda keys: [int(k.rsplit("-", 1)[1]) for k in keys]
+    assert index(clip_keys) != index(image_keys)  # not the same permutation of the two index ranges
+
+
+def test_joint_images_config_checks_name_the_field():
+    with pytest.raises(ValueError, match="data.source to give clips"):
+        DataConfig(source="shapes", images={"source": "shapes"})
+    with pytest.raises(ValueError, match="data.images.source to give images"):
+        DataConfig(source="moving_shapes", images={"source": "moving_shapes"})
+    with pytest.raises(ValueError, match="ratio"):
+        DataConfig(source="moving_shapes", images={"source": "shapes", "ratio": 1.0})
+    with pytest.raises(ValueError, match="data.path"):
+        DataConfig(source="moving_shapes", images={"source": "folder"})

@@ -3,3 +3,11 @@ from family_contract import FamilyContract
 
 class TestCViViT(FamilyContract):
     preset = "cvivit-debug"
+
+
+class TestCViViTJointImages:
+    """Joint image + video training (data.images): every other step trains on shapes images as 1-frame clips."""
+
+    preset = "cvivit-debug"
+    overrides = ("data.images.source=shapes", "data.images.ratio=0.5")
+    test_resume_is_bit_identical = FamilyContract.test_resume_is_bit_identical

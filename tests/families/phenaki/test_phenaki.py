@@ -1,7 +1,10 @@
 """Phenaki: factorised positions over any number of token frames, token layout and vocabulary checks against the
-tokenizer, the video colour stand-in, sampling clips of a chosen length, and judge + direction evaluation."""
+tokenizer, the video colour stand-in, joint image + video batches, sampling clips of a chosen length, and judge +
+direction evaluation."""
 
 from __future__ import annotations
+
+import itertools
 
 import av
 import pytest
@@ -12,7 +15,8 @@ from typer.testing import CliRunner
 from genforge.app.config import load_config
 from genforge.app.runs import build_task
 from genforge.cli import app
-from genforge.data.loader import build_dataset, data_info
+from genforge.core.random import BatchRandom
+from genforge.data.loader import build_dataset, build_train_batches, data_info
 from genforge.data.moving_shapes import DIRECTIONS
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch
@@ -155,3 +159,18 @@ def test_train_sample_and_evaluate_clips(tmp_path):
     assert out.exit_code == 0 and "fvd_ref_n: 4" in out.output, out.output
     dit = runner.invoke(app, ["sample", str(run), "--frames", "4"])
     assert dit.exit_code == 2
+
+
+def test_joint_training_step_on_images_sees_one_token_frame():
+    """data.images: an image step's batch is captioned shapes images as 1-frame clips: one token frame per sample."""
+    task = task_of("data.images.source=shapes", "data.images.ratio=0.5")
+    cfg = load_config("phenaki-debug", ["data.images.source=shapes", "data.images.ratio=0.5"])
+    batches = build_train_batches(build_dataset(cfg.data), cfg.data, cfg.train)
+    clips, images = itertools.islice(batches, 2)  # global batch 1 of ratio 0.5 is images
+    assert clips["video"].shape == (4, 3, 5, 16, 16) and images["video"].shape == (4, 3, 1, 16, 16)
+    assert task.to_tokens(clips).shape == (4, 3 * 64) and task.to_tokens(images).shape == (4, 64)
+    for step, batch in enumerate((clips, images)):
+        batch["rng"] = BatchRandom(0, step, 0, 4, 0, 4)
+        loss, _ = task.loss(batch, "main", step)
+        loss.backward()
+        assert torch.isfinite(loss)

@@ -3,3 +3,12 @@ from family_contract import FamilyContract
 
 class TestPhenaki(FamilyContract):
     preset = "phenaki-debug"
+
+
+class TestPhenakiJointImages:
+    """Joint image + video training (data.images): every other step trains on captioned shapes images as 1-frame
+    clips."""
+
+    preset = "phenaki-debug"
+    overrides = ("data.images.source=shapes", "data.images.ratio=0.5")
+    test_resume_is_bit_identical = FamilyContract.test_resume_is_bit_identical
