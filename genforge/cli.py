@@ -132,6 +132,9 @@ def sample(
                                                               "training clips')")] = None,
     story: Annotated[Optional[Path], typer.Option(help="video models: text file, one prompt per line; each sample is "
                                                        "one story, a clip per prompt continuing the last")] = None,
+    critic: Annotated[Optional[bool], typer.Option("--critic/--no-critic", help="masked-token models with a token "
+                                                   "critic: decode with it or not (default: model.critic.sample)")]
+    = None,
 ) -> None:
     """Write a PNG grid of samples (a GIF or MP4 of clips for video models) from the run's EMA weights, and the
     prompts, one per cell, beside it."""
@@ -147,7 +150,7 @@ def sample(
     if text and not run.config.model.takes_prompts():
         _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
     extra = {"image": image, "start_stage": start_stage, "stop_stage": stop_stage, "frames": frames,
-             "story": _read_prompts(story, "--story") if story is not None else None}
+             "story": _read_prompts(story, "--story") if story is not None else None, "critic": critic}
     for name in [k for k, v in extra.items() if v is not None and k not in run.config.model.sample_options]:
         _fail(f"--{name.replace('_', '-')} does not apply to a {run.config.model.family!r} model")
     if image is not None:
@@ -211,12 +214,18 @@ def evaluate(
     = None,
     i3d_weights: Annotated[Optional[str], typer.Option(help="TorchScript I3D (StyleGAN-V's i3d_torchscript.pt) for "
                                                             "metric fvd; default: eval.i3d_weights")] = None,
+    critic: Annotated[Optional[bool], typer.Option("--critic/--no-critic", help="masked-token models with a token "
+                                                   "critic: decode with it or not (default: model.critic.sample)")]
+    = None,
 ) -> None:
     """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch)."""
     _join_process_group()
     run, device = _open_run(run_dir)
     names = metrics.split(",") if metrics else run.config.eval.metrics
-    opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale}.items() if v is not None}
+    opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale,
+                              "critic": critic}.items() if v is not None}
+    if critic is not None and "critic" not in run.config.model.sample_options:
+        _fail(f"--critic/--no-critic does not apply to a {run.config.model.family!r} model")
     try:
         run.config.eval.ref = ref or run.config.eval.ref
         run.config.eval.is_weights = is_weights or run.config.eval.is_weights

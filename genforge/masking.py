@@ -65,7 +65,8 @@ def masked_count(step: int, steps: int, n: int, schedule: str = "cosine") -> int
 def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: int, steps: int,
            generator: torch.Generator, device: torch.device, temperature: float = 1.0,
            choice_temperature: float = 4.5, schedule: str = "cosine",
-           on_step: Callable[[int, Tensor], None] | None = None, initial: Tensor | None = None) -> Tensor:
+           on_step: Callable[[int, Tensor], None] | None = None, initial: Tensor | None = None,
+           critic: Callable[[Tensor], Tensor] | None = None, critic_noise: float = 1.0) -> Tensor:
     """MaskGIT's iterative decoding (§3.2): start from all [MASK]; at each iteration sample every masked token
     from softmax(logits / temperature), then re-mask the `masked_count` least confident of the newly sampled
     ones, confidence = log p(sampled token) + choice_temperature·(1 − (t+1)/steps)·Gumbel noise. Tokens once
@@ -73,7 +74,11 @@ def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: i
 
     `initial` [B, N]: known ids kept as they are, mask_id where to generate (the same number in every row); the
     schedule then runs over the masked positions only (Phenaki's story mode: a clip continued from the tokens of
-    the previous one). Returns ids [B, N] in [0, K), every position filled after exactly `steps` iterations."""
+    the previous one). Returns ids [B, N] in [0, K), every position filled after exactly `steps` iterations.
+
+    `critic` (Token-Critic, Lezama et al. 2022, Alg. 1): maps the sampled sequence [B, N] to scores [B, N], high =
+    looks real; the `masked_count` lowest-scoring tokens (+ critic_noise·(1 − (t+1)/steps)·Gumbel) are re-masked
+    among all positions but the given ones, so a token revealed earlier can be re-masked and sampled again."""
     if initial is None:
         ids = torch.full((batch, n), mask_id, dtype=torch.long, device=device)  # [B, N]
     else:
@@ -83,17 +88,22 @@ def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: i
             raise ValueError(f"initial ids {tuple(ids.shape)} must be [{batch}, {n}] with the same, non-zero number "
                              "of masked positions in every row")
         n = int(free[0])  # the schedule counts the positions to generate
+    given = ids != mask_id  # [B, N]: known from the start, never re-masked
     for step in range(steps):
         masked = ids == mask_id  # [B, N]
         logits = logits_fn(ids).float()  # [B, N, K]
-        log_probs = torch.log_softmax(logits, dim=-1)
         noise = gumbel_noise(logits.shape, generator, device)
         sampled = torch.argmax(logits / temperature + noise, dim=-1)  # a draw from softmax(logits / T): [B, N]
         sampled = torch.where(masked, sampled, ids)
-        confidence = log_probs.gather(-1, sampled[..., None])[..., 0]  # [B, N]
-        anneal = choice_temperature * (1 - (step + 1) / steps)
-        confidence = confidence + anneal * gumbel_noise(confidence.shape, generator, device)
-        confidence = confidence.masked_fill(~masked, float("inf"))  # revealed tokens are never re-masked
+        left = 1 - (step + 1) / steps  # the noise's annealing factor
+        if critic is None:  # MaskGIT: confidence of the new tokens; revealed tokens are never re-masked
+            confidence = torch.log_softmax(logits, dim=-1).gather(-1, sampled[..., None])[..., 0]  # [B, N]
+            confidence = confidence + choice_temperature * left * gumbel_noise(confidence.shape, generator, device)
+            confidence = confidence.masked_fill(~masked, float("inf"))
+        else:  # Token-Critic: the critic's score of every token; only given tokens are never re-masked
+            confidence = critic(sampled).float()  # [B, N]
+            confidence = confidence + critic_noise * left * gumbel_noise(confidence.shape, generator, device)
+            confidence = confidence.masked_fill(given, float("inf"))
         keep_masked = masked_count(step, steps, n, schedule)
         ids = sampled
         if keep_masked:

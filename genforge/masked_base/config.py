@@ -7,9 +7,23 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
-from genforge.core.config import FamilyConfig
+from genforge.core.config import FamilyConfig, StrictModel
 from genforge.nn.codec import TokenInputConfig
 from genforge.text.config import TextEncoderConfig
+
+
+class TokenCriticConfig(StrictModel):
+    """Token-Critic (Lezama et al. 2022, "Improved Masked Image Generation with Token-Critic"; phenaki-pytorch's
+    critic): a second transformer, trained as the phase `critic`, that tells the tokens the generator sampled into a
+    masked sequence from the real ones; decoding then re-masks the tokens it finds most likely sampled (any token but
+    given ones, so a wrong early choice can be revised) instead of the generator's least confident new ones."""
+
+    depth: int = Field(2, gt=0)
+    width: int | None = Field(None, gt=0, description="default: model.width")
+    num_heads: int | None = Field(None, gt=0, description="default: model.num_heads")
+    noise: float = Field(1.0, ge=0.0, description="Gumbel noise on the critic's scores when choosing what to "
+                                                  "re-mask, annealed linearly to 0")
+    sample: bool = Field(True, description="decode with the critic (genforge sample/eval --critic/--no-critic)")
 
 
 class MaskedTokenConfig(FamilyConfig):
@@ -17,6 +31,7 @@ class MaskedTokenConfig(FamilyConfig):
     2022), and the conditioning with dropout for classifier-free guidance: what maskgit and phenaki share."""
 
     default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
+    sample_options: ClassVar[tuple[str, ...]] = ("critic",)
     tokens: TokenInputConfig
     codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
                                                                "size (default: taken from it)")
@@ -42,6 +57,12 @@ class MaskedTokenConfig(FamilyConfig):
                                                                "linearly to 0 (MaskGIT's re-masking)")
     sample_prompts: list[str] | None = Field(None, description="prompts of preview grids and of evaluation without "
                                                                 "--prompt (default for shapes data: held-out captions)")
+    critic: TokenCriticConfig | None = Field(None, description="an optional token critic, trained as the phase "
+                                                               "`critic` (Token-Critic)")
+    train_phases: list[Literal["main", "critic"]] | None = Field(
+        None, description="the phases this run trains (default: every one): [main] first, then resume with [critic] "
+                          "to train the critic on the finished generator (phenaki-pytorch's only_train_generator / "
+                          "only_train_critic)")
 
     @model_validator(mode="after")
     def _widths(self) -> "MaskedTokenConfig":
@@ -49,7 +70,25 @@ class MaskedTokenConfig(FamilyConfig):
             raise ValueError(f"model.width={self.width} must be divisible by model.num_heads={self.num_heads}")
         if self.conditioning != "class" and self.num_classes is not None:
             raise ValueError("model.num_classes applies to model.conditioning=class")
+        if self.critic is not None and self.critic_size()[0] % self.critic_size()[2]:
+            raise ValueError(f"model.critic.width={self.critic_size()[0]} must be divisible by model.critic.num_heads="
+                             f"{self.critic_size()[2]}")
+        if self.train_phases is not None:
+            if not self.train_phases or len(set(self.train_phases)) != len(self.train_phases):
+                raise ValueError(f"model.train_phases={self.train_phases} must name distinct phases: main, critic")
+            if "critic" in self.train_phases and self.critic is None:
+                raise ValueError("model.train_phases names critic, but there is no model.critic; add e.g. "
+                                 "--set model.critic.depth=2")
         return self
+
+    def critic_size(self) -> tuple[int, int, int]:
+        """(width, depth, heads) of the token critic (model.critic, its unset sizes the generator's)."""
+        c = self.critic or TokenCriticConfig()
+        return c.width or self.width, c.depth, c.num_heads or self.num_heads
+
+    def phases(self) -> tuple[str, ...]:
+        """Every phase of the model: main, and critic with a token critic."""
+        return ("main", "critic") if self.critic is not None else ("main",)
 
     def input_runs(self) -> dict[str, InputRun]:
         return self.tokens.input_runs()

@@ -36,7 +36,12 @@ class MaskedTokenTask(Task):
         cfg.check_vocabulary(self.codebook_size, source)
         self.num_classes = class_count(cfg.conditioning, cfg.num_classes, data.num_classes, "text or none")
         encoder = build_text_encoder(cfg.text) if cfg.conditioning == "text" else None
-        self.model = self.build_model(ctx, source, text_dim=encoder.dim if encoder is not None else 0)
+        text_dim = encoder.dim if encoder is not None else 0
+        self.model = self.build_model(ctx, source, text_dim)
+        if cfg.critic is not None:  # inside the model: checkpointed and averaged (EMA) with it
+            width, depth, heads = cfg.critic_size()
+            self.model.critic = token_critic(self.make_transformer(width, depth, heads, text_dim))
+        self.phases = tuple(cfg.train_phases or cfg.phases())
         self.use_cached_text = False  # embeddings from the cache (genforge encode --text-encoder) instead of `text`
         if encoder is not None:
             # trainable: a submodule of the model (optimised, averaged, checkpointed); frozen: outside the module tree
@@ -48,8 +53,13 @@ class MaskedTokenTask(Task):
 
     # ------------------------------------------------------------------------------------------ for subclasses
     def build_model(self, ctx: BuildContext, source: str, text_dim: int) -> MaskTransformer:
-        """The transformer over this run's ids (its sequence length and position embeddings checked against the
-        tokenizer, named `source` in messages)."""
+        """The generator over this run's ids: their layout checked against the tokenizer (named `source` in
+        messages), then `make_transformer` of model.width/depth/num_heads."""
+        raise NotImplementedError
+
+    def make_transformer(self, width: int, depth: int, num_heads: int, text_dim: int) -> MaskTransformer:
+        """A transformer of this size over this run's id layout (its own position embeddings); the generator, and
+        the token critic's trunk. Called after `build_model` has read the layout."""
         raise NotImplementedError
 
     def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
@@ -77,6 +87,16 @@ class MaskedTokenTask(Task):
     def ema_module(self) -> nn.Module:
         return self.model
 
+    def phase_names(self) -> tuple[str, ...]:
+        return self.cfg.phases()
+
+    def parameters_for(self, phase: str) -> list[nn.Parameter]:
+        """critic: the token critic's weights; main: every other trainable weight (the generator, a trainable text
+        encoder)."""
+        critic = getattr(self.model, "critic", None)
+        critic_ids = {id(p) for p in critic.parameters()} if critic is not None else set()
+        return [p for p in self.parameters() if p.requires_grad and (id(p) in critic_ids) == (phase == "critic")]
+
     def train(self, mode: bool = True) -> "MaskedTokenTask":
         """Train mode for the transformer; the codec stays frozen in eval mode."""
         super().train(mode)
@@ -91,19 +111,24 @@ class MaskedTokenTask(Task):
             self.prompt_data = state["prompt_data"]
 
     # ------------------------------------------------------------------------------------------ conditioning
-    def context(self, cond: dict[str, Any], drop: Tensor, text_key: str = "text") -> tuple[Tensor, Tensor]:
-        """Context and mask of `cond` (text, cached text embeddings or labels); rows of `drop` unconditional."""
+    def context(self, cond: dict[str, Any], drop: Tensor, text_key: str = "text",
+                transformer: MaskTransformer | None = None) -> tuple[Tensor, Tensor]:
+        """Context and mask of `cond` (text, cached text embeddings or labels) for `transformer` (default: the
+        generator; the critic projects the same text embeddings with its own weights, and never trains the text
+        encoder); rows of `drop` unconditional."""
+        transformer = transformer or self.model
         if self.cfg.conditioning == "text":
             if self.use_cached_text and "text_embed" in cond and text_key == "text":
                 embed, mask = cond["text_embed"], cond["text_mask"]
             else:
                 encoder = self.model.text_encoder
-                with torch.set_grad_enabled(torch.is_grad_enabled() and encoder.trainable):
+                trains = torch.is_grad_enabled() and encoder.trainable and transformer is self.model
+                with torch.set_grad_enabled(trains):
                     embed, mask = encoder.encode_on(list(cond[text_key]), self.model.head.weight.device)
-            return self.model.context(drop, text_embed=embed, text_mask=mask)
+            return transformer.context(drop, text_embed=embed, text_mask=mask)
         if self.cfg.conditioning == "class":
-            return self.model.context(drop, labels=cond["label"])
-        return self.model.context(drop)
+            return transformer.context(drop, labels=cond["label"])
+        return transformer.context(drop)
 
     def to_tokens(self, batch: Batch) -> Tensor:
         """Token ids [B, N]: cached (checked to lie in the vocabulary: an id outside it must never reach the
@@ -121,7 +146,10 @@ class MaskedTokenTask(Task):
     # ------------------------------------------------------------------------------------------ training
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Cross-entropy on the masked positions only (MaskGIT eq. 1), averaged over every masked token of the
-        global batch, so any split into processes and accumulation steps gives the same gradient."""
+        global batch, so any split into processes and accumulation steps gives the same gradient; the phase
+        `critic`: `critic_loss`."""
+        if phase == "critic":
+            return self.critic_loss(batch)
         ids = self.to_tokens(batch)  # [B, N]
         rng = batch["rng"]
         n = ids.shape[1]
@@ -138,6 +166,28 @@ class MaskedTokenTask(Task):
         with torch.no_grad():
             logs = {"ce": ce.detach() / mask.sum(), "masked": mask.float().mean(),
                     "accuracy": (logits.argmax(-1) == targets).float().mean()}
+        return loss, logs
+
+    def critic_loss(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+        """Token-Critic (Lezama et al. 2022, §3.2, eq. 4): mask ids as in training (γ(r)·N random positions),
+        fill the masked positions with tokens sampled from the generator (no gradient, conditioned), and train the
+        critic to tell which positions were filled: binary cross-entropy against the mask over every token."""
+        ids = self.to_tokens(batch)  # [B, N]
+        rng = batch["rng"]
+        mask = training_mask(rng.rand(), rng.rand(ids.shape[1]), self.cfg.mask_schedule)  # [B, N] True = filled
+        keep = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
+        with torch.no_grad():
+            context, context_mask = self.context(batch, keep)
+            logits = self.model(ids.masked_fill(mask, self.model.mask_id), context, context_mask)[mask].float()
+            cdf = logits.softmax(-1).cumsum(-1)  # [M, K]: one uniform per filled token draws from softmax(logits)
+            drawn = (cdf < rng.rand(ids.shape[1])[mask][:, None] * cdf[:, -1:]).sum(-1)  # [M]
+            filled = ids.masked_scatter(mask, drawn)  # [B, N]
+        critic = self.model.critic
+        scores = critic(filled, *self.context(batch, keep, transformer=critic))[..., 0]  # [B, N]: logit of "filled"
+        loss = F.binary_cross_entropy_with_logits(scores.float(), mask.float())
+        with torch.no_grad():
+            logs = {"bce": loss.detach(), "accuracy": ((scores > 0) == mask).float().mean(),
+                    "changed": (drawn != ids[mask]).float().mean()}  # share of filled tokens unlike the real ones
         return loss, logs
 
     # ------------------------------------------------------------------------------------------ sampling
@@ -185,6 +235,13 @@ class MaskedTokenTask(Task):
                     "mask_schedule": c.mask_schedule}
         if opts.get("negative_prompt"):
             settings["negative_prompt"] = opts["negative_prompt"]
+        critic = opts.get("critic")
+        if critic and c.critic is None:
+            raise ValueError("--critic: this run has no token critic (model.critic)")
+        if c.critic is not None:
+            settings["critic"] = c.critic.sample if critic is None else bool(critic)
+            if settings["critic"]:
+                settings["critic_noise"] = c.critic.noise
         return settings
 
     @torch.no_grad()
@@ -211,12 +268,27 @@ class MaskedTokenTask(Task):
             cond_logits, uncond_logits = self.model(torch.cat([ids, ids]), context, context_mask).float().chunk(2)
             return guided_logits(cond_logits, uncond_logits, s["cfg_scale"])
 
+        critic_fn = None
+        if s.get("critic"):  # Token-Critic's choice of what to re-mask: high = looks real
+            critic = self.model.critic
+            critic_context = self.context(cond, keep, transformer=critic)
+            critic_fn = lambda ids: -critic(ids, *critic_context)[..., 0]  # noqa: E731
         shape = self.code_shape(n, **opts)
         ids = decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,
                      temperature=self.cfg.temperature, choice_temperature=self.cfg.choice_temperature,
-                     schedule=self.cfg.mask_schedule, initial=None if initial is None else initial.flatten(1))
+                     schedule=self.cfg.mask_schedule, initial=None if initial is None else initial.flatten(1),
+                     critic=critic_fn, critic_noise=s.get("critic_noise", 0.0))
         images = self.token_codec.decode(ids.view(shape))  # [B, C, H, W] or [B, C, T, H, W]
         return images.float().clamp(-1, 1)
+
+
+def token_critic(trunk: MaskTransformer) -> MaskTransformer:
+    """A token critic from a mask transformer: its head gives one logit per token (of "filled in by the generator")
+    instead of a distribution over the codebook."""
+    trunk.head = nn.Linear(trunk.head.in_features, 1)
+    nn.init.normal_(trunk.head.weight, std=0.02)
+    nn.init.zeros_(trunk.head.bias)
+    return trunk
 
 
 def _stack_contexts(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:

@@ -18,8 +18,11 @@ class MaskGITTask(MaskedTokenTask):
         downsample = int(self.token_codec.downsample)
         cfg.check_tokens(ctx.info.image_size, downsample, self.codebook_size, source, source)
         self.grid = ctx.info.image_size // downsample  # tokens per side
-        return MaskTransformer(self.codebook_size, self.grid**2, cfg.width, cfg.depth, cfg.num_heads, cfg.mlp_ratio,
-                               cfg.dropout, text_dim=text_dim, num_classes=self.num_classes)
+        return self.make_transformer(cfg.width, cfg.depth, cfg.num_heads, text_dim)
+
+    def make_transformer(self, width: int, depth: int, num_heads: int, text_dim: int) -> MaskTransformer:
+        return MaskTransformer(self.codebook_size, self.grid**2, width, depth, num_heads, self.cfg.mlp_ratio,
+                               self.cfg.dropout, text_dim=text_dim, num_classes=self.num_classes)
 
     def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
         return (n, self.grid, self.grid)

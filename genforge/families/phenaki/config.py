@@ -19,7 +19,7 @@ class PhenakiConfig(MaskedTokenConfig):
 
     family: Literal["phenaki"] = "phenaki"
     default_metrics: ClassVar[tuple[str, ...]] = ("judge", "direction")
-    sample_options: ClassVar[tuple[str, ...]] = ("frames", "story")
+    sample_options: ClassVar[tuple[str, ...]] = ("critic", "frames", "story")
     tokens: VideoTokenInputConfig
     seq_len: int | None = Field(None, gt=0, description="tokens per clip (t·h·w at data.video.num_frames); must "
                                                         "equal the tokenizer's (default: taken from it)")

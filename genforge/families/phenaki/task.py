@@ -33,8 +33,11 @@ class PhenakiTask(MaskedTokenTask):
         self.frames, self.grid = cfg.check_tokens(clips, int(codec.downsample), self.temporal_downsample,
                                                   self.codebook_size, source)
         self.num_frames = clips.video.num_frames
-        return VideoMaskTransformer(self.codebook_size, self.grid**2, cfg.width, cfg.depth, cfg.num_heads,
-                                    cfg.mlp_ratio, cfg.dropout, text_dim=text_dim, num_classes=self.num_classes)
+        return self.make_transformer(cfg.width, cfg.depth, cfg.num_heads, text_dim)
+
+    def make_transformer(self, width: int, depth: int, num_heads: int, text_dim: int) -> VideoMaskTransformer:
+        return VideoMaskTransformer(self.codebook_size, self.grid**2, width, depth, num_heads, self.cfg.mlp_ratio,
+                                    self.cfg.dropout, text_dim=text_dim, num_classes=self.num_classes)
 
     def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
         """[n, t, h, w] for clips of `frames` frames (default data.video.num_frames): 1 + (frames − 1) / temporal

@@ -93,3 +93,37 @@ def test_decode_keeps_initial_tokens_and_schedules_only_the_masked_ones():
     with pytest.raises(ValueError, match="same, non-zero number of masked positions"):
         decode(lambda ids: torch.zeros(b, n, k), b, n, k, steps, torch.Generator(), torch.device("cpu"),
                initial=ragged)
+
+
+def test_decode_with_a_critic_re_masks_the_tokens_it_scores_lowest_among_all_but_the_given_ones():
+    """Token-Critic decoding: the critic judges every position each step, so a token revealed before is re-masked
+    when it scores low; given tokens stay; every position is filled at the end."""
+    b, n, k, steps = 2, 12, 7, 4
+    initial = torch.full((b, n), k)
+    initial[:, :3] = 6  # given: the first three positions
+    calls = []
+
+    def critic(ids):  # even steps prefer low positions, odd steps high ones; given positions score lowest of all
+        calls.append(ids.clone())
+        order = torch.arange(n).float()
+        return (-order if len(calls) % 2 else order).expand(b, n)
+
+    states = []
+    ids = decode(lambda ids: torch.zeros(b, n, k), b, n, k, steps, torch.Generator().manual_seed(0),
+                 torch.device("cpu"), on_step=lambda s, x: states.append(x.clone()), initial=initial, critic=critic,
+                 critic_noise=0.0)
+    assert (ids != k).all() and torch.equal(ids[:, :3], initial[:, :3])
+    assert all(torch.equal(state[:, :3], initial[:, :3]) for state in states)
+    free = torch.arange(3, n)
+    for step, state in enumerate(states[:-1]):
+        still = masked_count(step, steps, n - 3)
+        assert ((state == k).sum(1) == still).all()
+        masked = free[-still:] if step % 2 == 0 else free[:still]  # the lowest-scoring free positions
+        assert (state[:, masked] == k).all()
+    assert (states[0][:, 3] != k).all() and (states[1][:, 3] == k).all()  # revealed at step 0, re-masked at step 1
+    # without a critic, a revealed token is never re-masked
+    plain = []
+    decode(lambda ids: torch.zeros(b, n, k), b, n, k, steps, torch.Generator().manual_seed(0), torch.device("cpu"),
+           on_step=lambda s, x: plain.append(x.clone()), initial=initial)
+    revealed = plain[0] != k
+    assert all((state[revealed] == plain[0][revealed]).all() for state in plain[1:])

@@ -5,15 +5,17 @@ direction evaluation."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import av
 import pytest
 import torch
 from fake_i3d import standin_file
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from genforge.app.config import load_config
-from genforge.app.runs import build_task
+from genforge.app.runs import build_task, make_trainer
 from genforge.cli import app
 from genforge.core.random import BatchRandom
 from genforge.data.loader import build_dataset, build_train_batches, data_info
@@ -174,3 +176,45 @@ def test_joint_training_step_on_images_sees_one_token_frame():
         loss, _ = task.loss(batch, "main", step)
         loss.backward()
         assert torch.isfinite(loss)
+
+
+def _weights(run_dir, step):
+    ckpt = run_dir / "checkpoints" / f"step-{step:06d}"
+    return load_file(str(ckpt / "model.safetensors")), load_file(str(ckpt / "ema.safetensors"))
+
+
+def test_token_critic_as_a_second_phase_leaves_the_generator_unchanged_and_learns_to_spot_sampled_tokens(tmp_path):
+    """Train the generator ([main]), then resume training the critic only ([critic]): the generator's weights and
+    EMA are those of before, the critic's moved, and it learns to tell the (barely trained) generator's tokens from
+    real ones."""
+    base = ["model.critic.depth=1", "train.checkpoint_every=4", "train.keep_last=100", "train.sample_every=0",
+            "train.log_every=10", "eval.every=0", "train.batch_size=8"]
+    make_trainer(load_config("phenaki-debug", [*base, "train.steps=4", "model.train_phases=[main]"]), tmp_path).fit()
+    make_trainer(load_config("phenaki-debug", [*base, "train.steps=154",
+                                               "model.train_phases=[critic]"]), tmp_path).fit()
+    (model_a, ema_a), (model_b, ema_b) = _weights(tmp_path, 4), _weights(tmp_path, 154)
+    generator = [k for k in model_a if not k.startswith("model.critic.")]
+    critic = [k for k in model_a if k.startswith("model.critic.")]
+    assert generator and critic
+    assert all(torch.equal(model_a[k], model_b[k]) for k in generator)
+    averaged = [k.removeprefix("model.") for k in generator if k.removeprefix("model.") in ema_a]  # EMA of `model`
+    assert averaged and all(torch.equal(ema_a[k], ema_b[k]) for k in averaged)
+    assert not all(torch.equal(model_a[k], model_b[k]) for k in critic)
+    logs = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    critic_logs = [r for r in logs if r["step"] > 4]  # one phase trained: its logs are unprefixed
+    # far better than calling every token sampled (the cosine schedule masks 2/π ≈ 64 % of the tokens on average)
+    assert critic_logs[0]["accuracy"] < 0.8 and sum(r["accuracy"] for r in critic_logs[-3:]) / 3 > 0.85
+
+
+def test_sampling_with_and_without_the_critic(tmp_path):
+    task = task_of("model.critic.depth=1").eval()
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    cond = task.sample_conditions(2, gen(), prompt="a red circle moving left")
+    assert task.sampler_settings()["critic"] is True
+    with_critic = task.sample(cond, gen(), 2)
+    without = task.sample(cond, gen(), 2, critic=False)
+    assert with_critic.shape == without.shape == (2, 3, 5, 16, 16) and not torch.equal(with_critic, without)
+    with pytest.raises(ValueError, match="no token critic"):
+        task_of().sampler_settings(critic=True)
+    out = runner.invoke(app, ["eval", str(tmp_path), "--critic"])
+    assert out.exit_code == 2

@@ -12,3 +12,10 @@ class TestPhenakiJointImages:
     preset = "phenaki-debug"
     overrides = ("data.images.source=shapes", "data.images.ratio=0.5")
     test_resume_is_bit_identical = FamilyContract.test_resume_is_bit_identical
+
+
+class TestPhenakiTokenCritic(FamilyContract):
+    """With a token critic (Token-Critic): the phases main and critic, sampling through the critic."""
+
+    preset = "phenaki-debug"
+    overrides = ("model.critic.depth=1",)
