@@ -51,12 +51,15 @@ class EMA:
     def state_dict(self) -> dict[str, Tensor]:
         return dict(self.shadow)
 
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        missing = set(self.names) - set(state)
+    def load_state_dict(self, state: dict[str, Tensor], may_lack: set[str] = frozenset()) -> None:
+        """Copy `state` into the shadow weights; names in `may_lack` (weights new since `state` was saved) keep their
+        current shadow when absent."""
+        missing = set(self.names) - set(state) - set(may_lack)
         if missing:
             raise KeyError(f"EMA state lacks {sorted(missing)[:5]}")
         for n in self.names:
-            self.shadow[n].copy_(state[n])
+            if n in state:
+                self.shadow[n].copy_(state[n])
 
     @contextmanager
     def swapped_in(self) -> Iterator[nn.Module]:

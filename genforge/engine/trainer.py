@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, broadcast_object_list
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from genforge.core.config import DataConfig, EvalConfig, LogConfig, TrainConfig
@@ -271,6 +271,19 @@ class Trainer:
         }
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
 
+    def _load_weights(self, module: nn.Module, tensors: dict[str, Tensor], fresh: set[int], name: str) -> None:
+        """Load `tensors` into `module`; only parameters in `fresh` (of phases the checkpoint never trained) may be
+        absent from it, and keep their initial values."""
+        missing, unexpected = module.load_state_dict(tensors, strict=False)
+        params = dict(module.named_parameters())
+        lacking = [k for k in missing if k not in params or id(params[k]) not in fresh]
+        if lacking or unexpected:
+            raise CheckpointError(f"{name} does not match this model: missing {lacking[:5]}, unexpected "
+                                  f"{unexpected[:5]}")
+        if missing and self.accelerator.is_main_process:
+            print(f"genforge: {name} has no weights for {len(missing)} tensors of a phase added since (e.g. "
+                  f"{missing[0]}): they start from their initial values", file=sys.stderr)
+
     def load_checkpoint(self, path: Path, skip: Iterable[str] = ()) -> None:
         """Restore everything `save_checkpoint` wrote (safetensors/JSON only; nothing is unpickled). `skip`
         names STATE_PIECES to leave as they are (fault-injection tests)."""
@@ -280,10 +293,14 @@ class Trainer:
             raise ValueError(f"unknown state pieces {sorted(unknown)}; known: {', '.join(STATE_PIECES)}")
         state = read_json(path / "trainer_state.json")
         device = str(acc.device)
+        # weights of a phase added since the checkpoint (e.g. a token critic after its generator) start fresh
+        new_phases = [p for p in self.task.phase_names() if not (path / "optim" / f"{p}.json").exists()]
+        fresh = {id(p) for phase in new_phases for p in self.task.parameters_for(phase)}
         if "model" not in skip:
-            self.task.load_state_dict(load_tensors(path / "model.safetensors", device))
+            self._load_weights(self.task, load_tensors(path / "model.safetensors", device), fresh, path.name)
         if "ema" not in skip:
-            self.ema.load_state_dict(load_tensors(path / "ema.safetensors", device))
+            new_averaged = {n for n, p in self.task.ema_module().named_parameters() if id(p) in fresh}
+            self.ema.load_state_dict(load_tensors(path / "ema.safetensors", device), may_lack=new_averaged)
         for phase in self.task.phase_names():
             if not (path / "optim" / f"{phase}.json").exists():
                 if phase in self.optimizers and acc.is_main_process:

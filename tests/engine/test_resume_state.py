@@ -8,6 +8,7 @@ import torch
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
+from genforge.engine.checkpoint import CheckpointError
 from genforge.engine.trainer import STATE_PIECES, Trainer, TrainingError
 from genforge.families.dit.task import DiTTask
 
@@ -127,3 +128,12 @@ def test_fp16_without_a_gpu_is_a_clear_error(tmp_path):
         pytest.skip("this machine has a GPU")
     with pytest.raises(ValueError, match="train.precision=fp16 needs a CUDA GPU"):
         make_trainer(load_config("dit-debug", ["train.precision=fp16"]), tmp_path)
+
+
+def test_a_checkpoint_missing_weights_of_a_trained_phase_is_refused(tmp_path):
+    """Only weights of a phase the checkpoint never trained may be absent (they start fresh, e.g. a token critic
+    added to a trained generator); weights the checkpoint has but the model does not are an error."""
+    base = ["train.steps=2", "train.checkpoint_every=2", "train.sample_every=0", "eval.every=0"]
+    make_trainer(load_config("phenaki-debug", [*base, "model.critic.depth=1"]), tmp_path).fit()
+    with pytest.raises(CheckpointError, match="does not match this model.*unexpected \\['model.critic"):
+        make_trainer(load_config("phenaki-debug", [*base, "train.steps=4"]), tmp_path).fit()

@@ -184,22 +184,23 @@ def _weights(run_dir, step):
 
 
 def test_token_critic_as_a_second_phase_leaves_the_generator_unchanged_and_learns_to_spot_sampled_tokens(tmp_path):
-    """Train the generator ([main]), then resume training the critic only ([critic]): the generator's weights and
-    EMA are those of before, the critic's moved, and it learns to tell the (barely trained) generator's tokens from
-    real ones."""
-    base = ["model.critic.depth=1", "train.checkpoint_every=4", "train.keep_last=100", "train.sample_every=0",
-            "train.log_every=10", "eval.every=0", "train.batch_size=8"]
-    make_trainer(load_config("phenaki-debug", [*base, "train.steps=4", "model.train_phases=[main]"]), tmp_path).fit()
-    make_trainer(load_config("phenaki-debug", [*base, "train.steps=154",
+    """Train a generator without a critic, then resume it with a critic, training only the critic ([critic]): the
+    critic starts fresh, the generator's weights and EMA are those of before, the critic's moved, and it learns to
+    tell the (barely trained) generator's tokens from real ones."""
+    base = ["train.checkpoint_every=4", "train.keep_last=100", "train.sample_every=0", "train.log_every=10",
+            "eval.every=0", "train.batch_size=8"]
+    make_trainer(load_config("phenaki-debug", [*base, "train.steps=4"]), tmp_path).fit()
+    make_trainer(load_config("phenaki-debug", [*base, "train.steps=154", "model.critic.depth=1",
                                                "model.train_phases=[critic]"]), tmp_path).fit()
     (model_a, ema_a), (model_b, ema_b) = _weights(tmp_path, 4), _weights(tmp_path, 154)
-    generator = [k for k in model_a if not k.startswith("model.critic.")]
-    critic = [k for k in model_a if k.startswith("model.critic.")]
-    assert generator and critic
+    generator = list(model_a)
+    critic = [k for k in model_b if k.startswith("model.critic.")]
+    assert generator and critic and not any(k.startswith("model.critic.") for k in model_a)
     assert all(torch.equal(model_a[k], model_b[k]) for k in generator)
     averaged = [k.removeprefix("model.") for k in generator if k.removeprefix("model.") in ema_a]  # EMA of `model`
     assert averaged and all(torch.equal(ema_a[k], ema_b[k]) for k in averaged)
-    assert not all(torch.equal(model_a[k], model_b[k]) for k in critic)
+    fresh = _weights(tmp_path, 8)[0]  # 4 critic steps in
+    assert not all(torch.equal(fresh[k], model_b[k]) for k in critic)
     logs = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     critic_logs = [r for r in logs if r["step"] > 4]  # one phase trained: its logs are unprefixed
     # far better than calling every token sampled (the cosine schedule masks 2/π ≈ 64 % of the tokens on average)
