@@ -86,7 +86,7 @@ class MaskedTokenConfig(FamilyConfig):
         c = self.critic or TokenCriticConfig()
         return c.width or self.width, c.depth, c.num_heads or self.num_heads
 
-    def phases(self) -> tuple[str, ...]:
+    def phase_names(self) -> tuple[str, ...]:
         """Every phase of the model: main, and critic with a token critic."""
         return ("main", "critic") if self.critic is not None else ("main",)
 

@@ -41,7 +41,7 @@ class MaskedTokenTask(Task):
         if cfg.critic is not None:  # inside the model: checkpointed and averaged (EMA) with it
             width, depth, heads = cfg.critic_size()
             self.model.critic = token_critic(self.make_transformer(width, depth, heads, text_dim))
-        self.phases = tuple(cfg.train_phases or cfg.phases())
+        self.phases = tuple(p for p in cfg.phase_names() if cfg.train_phases is None or p in cfg.train_phases)
         self.use_cached_text = False  # embeddings from the cache (genforge encode --text-encoder) instead of `text`
         if encoder is not None:
             # trainable: a submodule of the model (optimised, averaged, checkpointed); frozen: outside the module tree
@@ -88,7 +88,7 @@ class MaskedTokenTask(Task):
         return self.model
 
     def phase_names(self) -> tuple[str, ...]:
-        return self.cfg.phases()
+        return self.cfg.phase_names()
 
     def parameters_for(self, phase: str) -> list[nn.Parameter]:
         """critic: the token critic's weights; main: every other trainable weight (the generator, a trainable text
