@@ -26,6 +26,9 @@ class CViViTConfig(TokenizerConfig):
     temporal_depth: int = Field(4, ge=1, description="causal temporal transformer blocks of the encoder (and decoder)")
     num_heads: int = Field(8, ge=1)
     mlp_ratio: float = Field(4.0, gt=0.0)
+    pixel_norm: bool = Field(False, description="LayerNorm over each raw pixel patch before its linear embedding "
+                                                "(Dual PatchNorm, as phenaki-pytorch); it takes each patch's mean "
+                                                "and contrast away, so a flat patch's colour cannot be encoded")
     quantizer: QuantizerConfig = QuantizerConfig(codebook_size=1024)
     gan: GANConfig | None = GANConfig()
 

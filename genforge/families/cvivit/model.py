@@ -64,6 +64,14 @@ class SpaceTimeTransformer(nn.Module):
         return self.norm(x)
 
 
+def patch_embedding(patch_dim: int, dim: int, pixel_norm: bool) -> nn.Sequential:
+    """Flattened patches [..., patch_dim] -> tokens [..., dim]. The optional LayerNorm over raw pixels (Dual
+    PatchNorm, Kumar et al. 2023) suits classifiers; a tokenizer must keep each patch's brightness, which it removes
+    (a flat grey patch normalises to zero whatever its level)."""
+    return nn.Sequential(nn.LayerNorm(patch_dim) if pixel_norm else nn.Identity(), nn.Linear(patch_dim, dim),
+                         nn.LayerNorm(dim))
+
+
 class CViViT(Quantizing):
     """TokenCodec for videos: encode = ids [B, t, h, w] of the quantized encoder tokens, decode = the decoder's video.
     Images [B, C, H, W] are taken as 1-frame videos and come back as images."""
@@ -73,11 +81,9 @@ class CViViT(Quantizing):
         p, pt, dim = cfg.patch_size, cfg.temporal_patch_size, cfg.dim
         self.channels, self.patch, self.temporal_patch = channels, p, pt
         self.downsample, self.temporal_downsample = p, pt
-        # ---- patch embeddings (Phenaki Fig. 2: LayerNorm -> Linear -> LayerNorm)
-        self.embed_first = nn.Sequential(nn.LayerNorm(channels * p * p), nn.Linear(channels * p * p, dim),
-                                         nn.LayerNorm(dim))
-        self.embed_tubes = nn.Sequential(nn.LayerNorm(channels * pt * p * p), nn.Linear(channels * pt * p * p, dim),
-                                         nn.LayerNorm(dim))
+        # ---- patch embeddings: Linear -> LayerNorm (with cfg.pixel_norm a LayerNorm over the raw patch first)
+        self.embed_first = patch_embedding(channels * p * p, dim, cfg.pixel_norm)
+        self.embed_tubes = patch_embedding(channels * pt * p * p, dim, cfg.pixel_norm)
         blocks = dict(dim=dim, heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, spatial_depth=cfg.spatial_depth,
                       temporal_depth=cfg.temporal_depth)
         self.encoder = SpaceTimeTransformer(**blocks, temporal_first=False)

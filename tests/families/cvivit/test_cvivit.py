@@ -17,11 +17,11 @@ from genforge.nn.quantizers import QuantizerConfig
 runner = CliRunner()
 
 
-def tiny(kind: str = "vq", **quantizer) -> CViViT:
+def tiny(kind: str = "vq", pixel_norm: bool = False, **quantizer) -> CViViT:
     torch.manual_seed(0)
     q = QuantizerConfig(kind=kind, **quantizer)
     cfg = CViViTConfig(dim=32, patch_size=4, temporal_patch_size=2, spatial_depth=1, temporal_depth=2, num_heads=2,
-                       quantizer=q)
+                       quantizer=q, pixel_norm=pixel_norm)
     return CViViT(cfg, 3).eval()
 
 
@@ -37,6 +37,17 @@ def test_shapes_of_codes_and_reconstructions():
     assert model.decode_latent(model.quantize(z).zq, image=True).shape == (2, 3, 16, 16)
     with pytest.raises(ValueError, match="1 \\+ k·2 frames"):
         model.encode(torch.zeros(1, 3, 6, 16, 16))
+
+
+def test_the_encoding_keeps_the_brightness_of_flat_patches():
+    dark, light = torch.full((1, 3, 5, 16, 16), -0.5), torch.full((1, 3, 5, 16, 16), 0.5)  # flat grey clips
+    model = tiny()
+    assert not torch.allclose(model.encode_latent(dark), model.encode_latent(light), atol=1e-3)
+    # a LayerNorm over the raw pixels (pixel_norm) maps every flat patch to the same token: the level is lost
+    normed = tiny(pixel_norm=True)
+    torch.testing.assert_close(normed.encode_latent(dark), normed.encode_latent(light))
+    assert [k for k in model.state_dict() if k.startswith("embed_first")] == \
+        [k for k in normed.state_dict() if k.startswith("embed_first") and not k.startswith("embed_first.0")]
 
 
 def test_tokens_of_a_frame_do_not_depend_on_later_frames():
