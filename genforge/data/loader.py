@@ -99,16 +99,29 @@ def heldout_batches(cfg: DataConfig, n: int, batch_size: int, field: str = "imag
         yield torch.stack(batch)
 
 
+def heldout_sample_batches(cfg: DataConfig, n: int, batch_size: int) -> Iterator[dict[str, Any]]:
+    """`heldout_samples` collated in batches of `batch_size` (the pixels with `label`, `direction`, `text`, `key`
+    where the source has them)."""
+    readable = heldout_samples(cfg, n)
+    while items := list(itertools.islice(readable, batch_size)):
+        yield collate_common(items)
+
+
+def collate_common(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields every one of `items` has, collated (held-out samples: nothing was skipped)."""
+    fields = set.intersection(*(set(item) for item in items)) - {"skipped"}
+    batch = collate([{k: v for k, v in item.items() if k in fields} for item in items])
+    batch.pop("skipped")
+    return batch
+
+
 def heldout_batch(cfg: DataConfig, n: int, spread: bool = False) -> dict[str, Any]:
     """`n` readable held-out samples (`heldout_samples`) collated into one batch (`image` [n, C, H, W], `label` [n],
     `text`, `image_embed` [n, D], `key`: the fields every sample has)."""
     items = list(heldout_samples(cfg, n, spread))
     if not items:
         raise ValueError(f"no readable images in the {heldout_split(cfg)!r} split of the data")
-    fields = set.intersection(*(set(item) for item in items))
-    batch = collate([{k: v for k, v in item.items() if k in fields} for item in items])
-    batch.pop("skipped")
-    return batch
+    return collate_common(items)
 
 
 def dataset_size(dataset: Dataset) -> int | None:

@@ -139,7 +139,8 @@ def load_or_train_judge(cache_dir: str | Path | None = None) -> ShapesJudge:
         if not path.is_file():
             print(f"genforge: training the shapes judge (once; cached at {path})", file=sys.stderr)
             start = time.perf_counter()
-            judge, accuracy = train_judge()
+            with torch.enable_grad():  # also when called under no_grad (a tokenizer's evaluation)
+                judge, accuracy = train_judge()
             print(f"genforge: judge held-out accuracy {accuracy:.4f}, trained in "
                   f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
             save_judge(judge, path)

@@ -204,8 +204,13 @@ class Direction(SampleMetric):
     name, results, extractor = "direction", ("direction_accuracy", "direction_still"), MotionDirections()
 
     def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
-        return {"direction_accuracy": (rows == ctx.cond["direction"].cpu()).double().mean().item(),
-                "direction_still": (rows == STILL).double().mean().item()}
+        return direction_report(rows, ctx.cond["direction"].cpu())
+
+
+def direction_report(directions: Tensor, truth: Tensor) -> dict[str, float]:
+    """Share of clips moving the true way, and of clips that do not move."""
+    return {"direction_accuracy": (directions == truth).double().mean().item(),
+            "direction_still": (directions == STILL).double().mean().item()}
 
 
 _NO_FEATURES = ("metric {!r} needs reference features; {} holds only mu and sigma (use an image folder or a "
@@ -321,7 +326,8 @@ class FVD(SampleMetric):
 
 # -------------------------------------------------------------------------------------------- tokenizers
 class ReconstructionMetric(Metric):
-    """A tokenizer metric over held-out images x, their codes and reconstructions x̂ (clamped to [-1, 1])."""
+    """A tokenizer metric over held-out images x, their codes and reconstructions x̂ (clamped to [-1, 1]); clips come
+    frame by frame ([B·T, C, H, W]) with their held-out batch `held` (per clip: `label`, `direction`, ...)."""
 
     requires = ("tokenizer",)
     needs = "a tokenizer"
@@ -330,7 +336,7 @@ class ReconstructionMetric(Metric):
         """A fresh accumulator."""
         return {"sum": 0.0, "count": 0}
 
-    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor) -> None:
+    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor, held: Batch) -> None:
         state["sum"] += float(self.per_image(recon, images).sum())
         state["count"] += len(images)
 
@@ -368,7 +374,7 @@ class Perceptual(ReconstructionMetric):
     def start(self, codec: nn.Module, ctx: EvalContext) -> Any:
         return {"sum": 0.0, "count": 0, "net": perceptual_metric(str(ctx.device))}
 
-    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor) -> None:
+    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor, held: Batch) -> None:
         state["sum"] += float(state["net"](recon, images).sum())
         state["count"] += len(images)
 
@@ -384,11 +390,52 @@ class Codebook(ReconstructionMetric):
             raise ValueError(f"metric 'codebook' needs {self.needs}; this codec has continuous latents")
         return CodebookUsage(codec.codebook_size)
 
-    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor) -> None:
+    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor, held: Batch) -> None:
         state.update(codes)
 
     def compute(self, state: Any) -> dict[str, Any]:
         return {**state.compute(), "codebook_histogram": state.counts.tolist()}  # uses of each id, for TensorBoard
+
+
+class ReconstructionJudge(ReconstructionMetric):
+    """The shapes judge on the reconstructions of held-out shapes (clips: every frame) against their true class:
+    how much of the kind and colour the tokenizer keeps, the ceiling of a generator over its codes."""
+
+    name, results = "recon_judge", ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy")
+
+    def start(self, codec: nn.Module, ctx: EvalContext) -> Any:
+        images = image_data(ctx.data)
+        if images is None or images.source not in SHAPES_SOURCES:
+            raise ValueError("metric 'recon_judge' needs a tokenizer trained on data.source=shapes or moving_shapes")
+        return {"judge": load_or_train_judge(), "preds": [], "labels": []}
+
+    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor, held: Batch) -> None:
+        labels = held["label"]
+        state["preds"].append(judge_predictions(state["judge"], recon).cpu())
+        state["labels"].append(labels.repeat_interleave(len(recon) // len(labels)))  # each clip's label per frame
+
+    def compute(self, state: Any) -> dict[str, Any]:
+        return prediction_report(torch.cat(state["preds"]), torch.cat(state["labels"]))
+
+
+class ReconstructionDirection(ReconstructionMetric):
+    """The motion direction of reconstructed held-out moving-shapes clips against the true one (`direction`)."""
+
+    name, results = "recon_direction", ("direction_accuracy", "direction_still")
+
+    def start(self, codec: nn.Module, ctx: EvalContext) -> Any:
+        if ctx.data.source != "moving_shapes":
+            raise ValueError("metric 'recon_direction' needs a video tokenizer trained on data.source=moving_shapes")
+        return {"directions": [], "truth": []}
+
+    def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor, held: Batch) -> None:
+        truth = held["direction"]
+        clips = recon.unflatten(0, (len(truth), -1)).transpose(1, 2)  # [B·T, C, H, W] -> [B, C, T, H, W]
+        state["directions"].append(motion_direction(clips).cpu())
+        state["truth"].append(truth)
+
+    def compute(self, state: Any) -> dict[str, Any]:
+        return direction_report(torch.cat(state["directions"]), torch.cat(state["truth"]))
 
 
 # -------------------------------------------------------------------------------------------- embedders
@@ -470,7 +517,7 @@ class Variation(SampleMetric):
 
 
 for _metric in (Judge(), Direction(), FID(), FVD(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(),
-                Codebook(), Variation(), ZeroShot(), Retrieval()):
+                Codebook(), ReconstructionJudge(), ReconstructionDirection(), Variation(), ZeroShot(), Retrieval()):
     METRICS.register(_metric.name, _metric)
 
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from genforge.core.config import DataConfig, EvalConfig
 from genforge.core.random import mix_seed
 from genforge.core.task import Batch, Task
-from genforge.data.loader import heldout_batch, heldout_batches, heldout_split, pixel_field
+from genforge.data.loader import heldout_batch, heldout_sample_batches, heldout_split, pixel_field
 from genforge.eval.distributed import gather_rows, rank_and_world
 from genforge.eval.metrics import (EmbeddingMetric, EvalContext, ReconstructionMetric, SampleMetric, check_metrics,
                                    task_roles)
@@ -105,15 +105,15 @@ def evaluate_tokenizer(codec: nn.Module, metrics: list[ReconstructionMetric], ct
     clamped to [-1, 1]; clips [B, C, T, H, W] are scored frame by frame, `n` counting clips)."""
     states = [metric.start(codec, ctx) for metric in metrics]
     count = 0
-    for images in heldout_batches(ctx.data, ctx.n, batch_size, pixel_field(ctx.data)):
-        images = images.to(ctx.device)
+    for held in heldout_sample_batches(ctx.data, ctx.n, batch_size):
+        images = held[pixel_field(ctx.data)].to(ctx.device)
         codes = codec.encode(images)
         recon = codec.decode(codes).float().clamp(-1, 1)
         count += len(images)
         if images.ndim == 5:  # per frame: [B, C, T, H, W] -> [B·T, C, H, W]
             images, recon = (x.transpose(1, 2).flatten(0, 1) for x in (images, recon))
         for metric, state in zip(metrics, states):
-            metric.update(state, images, codes, recon)
+            metric.update(state, images, codes, recon, held)
     if count == 0:
         raise ValueError(f"no readable images in the {heldout_split(ctx.data)!r} split of the run's data")
     results: dict[str, Any] = {"n": count, "split": heldout_split(ctx.data)}

@@ -17,11 +17,10 @@ from genforge.app.config import load_config
 from genforge.core.config import DataConfig, TrainConfig
 from genforge.app.encode import encode_dataset
 from genforge.data.cache import CacheDataset
-from genforge.data.loader import build_dataset, build_train_batches, dataset_size, heldout_split
+from genforge.data.loader import build_dataset, build_train_batches, dataset_size, heldout_batches, heldout_split
 from genforge.data.shapes import ShapesDataset, write_shapes_shards
 from genforge.data.shards import DataError, decode_record, split_shards
 from genforge.app.runs import load_codec
-from genforge.eval.run import heldout_batches
 from genforge.testing import same_run
 
 

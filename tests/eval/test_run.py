@@ -109,3 +109,33 @@ def test_klvae_debug_train_then_eval_end_to_end(tmp_path):
     (out,) = (run_dir / "eval").glob("*.json")
     results = json.loads(out.read_text())
     assert results["n"] == 8 and {"psnr", "ssim", "step"} <= set(results) and out.stem == str(results["step"])
+
+
+class ClipCodec(nn.Module):
+    """A video tokenizer stand-in: `keep` returns every clip as it is; otherwise each frame becomes the clip's
+    first-frame mean colour (no shape, no motion)."""
+
+    def __init__(self, keep: bool) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def encode(self, clips: torch.Tensor) -> torch.Tensor:
+        return clips if self.keep else clips[:, :, :1].mean((3, 4), keepdim=True).expand_as(clips)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes
+
+
+def test_reconstruction_judge_and_direction_of_a_video_tokenizer():
+    cfg = load_config("cvivit-debug")  # 16px moving shapes, 5 frames
+    ctx = EvalContext(cfg.data, cfg.eval, n=24, device="cpu")
+    metrics = check_metrics(["recon_judge", "recon_direction"], ("tokenizer",))
+    exact = evaluate_tokenizer(ClipCodec(keep=True), metrics, ctx, batch_size=10)  # batches of 10, 10, 4 clips
+    assert exact["n"] == 24 and exact["direction_accuracy"] == 1.0 and exact["direction_still"] == 0.0
+    assert exact["judge_accuracy"] > 0.8  # the judge reads real frames
+    flat = evaluate_tokenizer(ClipCodec(keep=False), metrics, ctx, batch_size=10)
+    assert flat["direction_still"] == 1.0 and flat["direction_accuracy"] == 0.0
+    assert flat["judge_accuracy"] < 0.5 * exact["judge_accuracy"]
+    with pytest.raises(ValueError, match="'recon_direction' needs a video tokenizer trained on"):
+        evaluate_tokenizer(ClipCodec(keep=True), check_metrics(["recon_direction"], ("tokenizer",)),
+                           EvalContext(load_config("dit-debug").data, cfg.eval, n=2, device="cpu"))
