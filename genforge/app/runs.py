@@ -84,7 +84,10 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
     info = replace(DataInfo(**state["data_info"]), encoder_hash=None)
     task = build_task(cfg, info, device)
     if torch.device(device).type != "meta":
-        task.load_state_dict(load_tensors(ckpt / "model.safetensors", str(device)))
+        missing, unexpected = task.load_state_dict(load_tensors(ckpt / "model.safetensors", str(device)), strict=False)
+        if missing or unexpected:
+            raise ConfigError(f"{ckpt / 'model.safetensors'} does not match the model of {config_path} (missing "
+                              f"{missing[:3]}, unexpected {unexpected[:3]}): was its model section edited?")
         if ema:
             shadow = load_tensors(ckpt / "ema.safetensors", str(device))
             missing, unexpected = task.ema_module().load_state_dict(shadow, strict=False)

@@ -100,3 +100,17 @@ def test_train_evaluate_per_frame_then_phenaki_trains_on_a_video_token_cache(tmp
                               "--set", f"data.path={cache}"])
     assert out.exit_code == 0, out.output
     assert (phenaki / "samples" / "step-000004.gif").is_file()
+
+
+def test_a_run_whose_config_lost_its_layout_is_refused_with_exit_2(tmp_path):
+    run = tmp_path / "run"
+    trained = runner.invoke(app, ["train", "cvivit-debug", "--run-dir", str(run), "--set", "model.pixel_norm=true",
+                                  "--set", "train.steps=2", "--set", "train.checkpoint_every=2"])
+    assert trained.exit_code == 0, trained.output
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("pixel_norm: true", "pixel_norm: false"))
+    out = runner.invoke(app, ["sample", str(run), "--n", "1", "--out", str(tmp_path / "x.gif")])
+    assert out.exit_code == 2 and "does not match the model of" in out.stderr and "embed_first.0" in out.stderr
+    config.write_text(config.read_text().replace("pixel_norm: false", "pixel_norm: true"))
+    again = runner.invoke(app, ["sample", str(run), "--n", "1", "--out", str(tmp_path / "x.gif")])
+    assert again.exit_code == 0, again.output
