@@ -110,13 +110,18 @@ def feature_network(device: str) -> InceptionFeatures:
 
 
 class InceptionPool(FeatureExtractor):
-    """Inception-v3 pool3 features [b, 2048] of the uint8-quantised images."""
+    """Inception-v3 pool3 features [b, 2048] of the uint8-quantised images, or [b, T, 2048] of each frame of clips."""
 
     def setup(self, ctx: EvalContext) -> None:
         feature_network(str(ctx.device))
 
     def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
-        return pool_features(feature_network(str(ctx.device)), images, ctx.device, ctx.batch_size)
+        net = feature_network(str(ctx.device))
+        if images.ndim == 5:  # clips [b, C, T, H, W]: per frame
+            b, t = images.shape[0], images.shape[2]
+            frames = images.transpose(1, 2).flatten(0, 1)
+            return pool_features(net, frames, ctx.device, ctx.batch_size).view(b, t, -1)
+        return pool_features(net, images, ctx.device, ctx.batch_size)
 
     def empty(self) -> Tensor:
         return torch.zeros(0, InceptionFeatures.dim)
@@ -234,8 +239,8 @@ class AgainstReference(SampleMetric):
             raise ValueError(_NO_FEATURES.format(self.name, source))
 
     def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
-        reference = ctx.reference()
-        return {"ref": str(reference.path), "ref_n": reference.n, **self.compare(reference, rows)}
+        reference = ctx.reference()  # clips: features of every frame on both sides (per-frame FID)
+        return {"ref": str(reference.path), "ref_n": reference.n, **self.compare(reference, rows.flatten(0, -2))}
 
     def compare(self, reference: Reference, features: Tensor) -> dict[str, Any]:
         raise NotImplementedError
@@ -273,7 +278,7 @@ class InceptionScore(SampleMetric):
         inception_logits(ctx.eval.is_weights)  # before sampling: fail early
 
     def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
-        mean, std = dm.inception_score(inception_logits(ctx.eval.is_weights)(rows))
+        mean, std = dm.inception_score(inception_logits(ctx.eval.is_weights)(rows.flatten(0, -2)))  # clips: frames
         return {"is_mean": mean, "is_std": std}
 
 

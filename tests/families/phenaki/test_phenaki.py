@@ -10,6 +10,7 @@ import json
 import av
 import pytest
 import torch
+from eval.eval_standins import TinyFeatures
 from fake_i3d import standin_file
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -20,6 +21,7 @@ from genforge.cli import app
 from genforge.core.random import BatchRandom
 from genforge.data.loader import build_dataset, build_train_batches, data_info
 from genforge.data.moving_shapes import DIRECTIONS
+from genforge.eval import metrics as metrics_module
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch
 from genforge.families.phenaki.model import VideoMaskTransformer
@@ -135,7 +137,7 @@ def test_an_image_tokenizer_is_refused():
         PhenakiTask(cfg.model, ctx)
 
 
-def test_train_sample_and_evaluate_clips(tmp_path):
+def test_train_sample_and_evaluate_clips(tmp_path, monkeypatch):
     run = tmp_path / "run"
     assert runner.invoke(app, ["train", "phenaki-debug", "--run-dir", str(run)]).exit_code == 0
     assert (run / "samples" / "step-000004.gif").is_file()
@@ -155,6 +157,9 @@ def test_train_sample_and_evaluate_clips(tmp_path):
     out = runner.invoke(app, ["eval", str(run), "--metrics", "judge,direction", "--n", "4"])
     assert out.exit_code == 0, out.output
     assert "judge_clip_accuracy" in out.output and "direction_accuracy" in out.output
+    monkeypatch.setattr(metrics_module, "feature_network", lambda device: TinyFeatures())
+    out = runner.invoke(app, ["eval", str(run), "--metrics", "fid", "--n", "4"])  # per frame: 4 clips of 5 frames
+    assert out.exit_code == 0 and "ref_n: 20" in out.output and "fid:" in out.output, out.output
     out = runner.invoke(app, ["eval", str(run), "--metrics", "fvd", "--n", "4"])
     assert out.exit_code == 2 and "eval.i3d_weights" in out.output  # no download, no silent stand-in
     out = runner.invoke(app, ["eval", str(run), "--metrics", "fvd", "--n", "4", "--i3d-weights", standin_file(tmp_path)])
