@@ -135,6 +135,11 @@ def read_clip(source: str | Path | BinaryIO, spec: VideoConfig, u: float | None 
     return DecodedClip(np.stack(kept), decoded)
 
 
+def clip_frames(x: torch.Tensor) -> torch.Tensor:
+    """Clips [B, C, T, H, W] -> their frames [B·T, C, H, W] (clip-major); images [B, C, H, W] as they are."""
+    return x.transpose(1, 2).flatten(0, 1) if x.ndim == 5 else x
+
+
 def resize_crop_frames(frames: np.ndarray, size: int, flip: bool = False) -> torch.Tensor:
     """uint8 frames [T, H, W, 3] -> float [3, T, size, size] in [-1, 1]: the short side resized to `size` (bicubic
     with antialiasing, all frames at once), centre crop, and the same horizontal flip on every frame."""

@@ -25,6 +25,7 @@ from genforge.core.config import DataConfig, EvalConfig
 from genforge.core.registry import METRICS
 from genforge.core.task import Batch, Task
 from genforge.data.loader import class_names, heldout_batches, heldout_split, image_data, pixel_field
+from genforge.data.video import clip_frames
 from genforge.eval.embedding_metrics import retrieval_recall, zero_shot_accuracy
 from genforge.eval.features import I3DFeatures, InceptionFeatures, InceptionLogits, PerceptualLoss
 from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
@@ -117,11 +118,8 @@ class InceptionPool(FeatureExtractor):
 
     def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
         net = feature_network(str(ctx.device))
-        if images.ndim == 5:  # clips [b, C, T, H, W]: per frame
-            b, t = images.shape[0], images.shape[2]
-            frames = images.transpose(1, 2).flatten(0, 1)
-            return pool_features(net, frames, ctx.device, ctx.batch_size).view(b, t, -1)
-        return pool_features(net, images, ctx.device, ctx.batch_size)
+        features = pool_features(net, clip_frames(images), ctx.device, ctx.batch_size)
+        return features.view(images.shape[0], images.shape[2], -1) if images.ndim == 5 else features  # clips: per frame
 
     def empty(self) -> Tensor:
         return torch.zeros(0, InceptionFeatures.dim)
@@ -143,10 +141,8 @@ class JudgePredictions(FeatureExtractor):
         load_or_train_judge()
 
     def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
-        if images.ndim == 5:  # clips [b, C, T, H, W]: every frame
-            b, t = images.shape[0], images.shape[2]
-            return judge_predictions(load_or_train_judge(), images.transpose(1, 2).flatten(0, 1)).view(b, t)
-        return judge_predictions(load_or_train_judge(), images)
+        predictions = judge_predictions(load_or_train_judge(), clip_frames(images))
+        return predictions.view(images.shape[0], images.shape[2]) if images.ndim == 5 else predictions  # clips: [b, T]
 
     def empty(self) -> Tensor:
         return torch.zeros(0, dtype=torch.long)

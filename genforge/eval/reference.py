@@ -36,6 +36,7 @@ from genforge.core.files import cache_root
 from genforge.data.base import source_of
 from genforge.data.images import to_uint8
 from genforge.data.loader import heldout_batches, heldout_split, image_data, pixel_field
+from genforge.data.video import clip_frames
 from genforge.eval.distributed import gather_rows, rank0_decides, rank_and_world
 from genforge.eval.distribution_metrics import gaussian_stats
 from genforge.eval.features import PoolFeatures
@@ -108,8 +109,7 @@ def reference_stats(net: PoolFeatures, source: DataConfig | Path, n: int, device
         return None
     features, index, start = [], [], 0
     for number, images in enumerate(heldout_batches(source, n, batch_size, pixel_field(source))):
-        if images.ndim == 5:  # clips [b, C, T, H, W]: every frame is a reference image
-            images = images.transpose(1, 2).flatten(0, 1)
+        images = clip_frames(images)  # clips: every frame is a reference image
         if number % world == rank:
             features.append(pool_features(net, images, device, batch_size))
             index.append(torch.arange(start, start + len(images)))

@@ -20,6 +20,7 @@ from genforge.core.config import DataConfig, EvalConfig
 from genforge.core.random import mix_seed
 from genforge.core.task import Batch, Task
 from genforge.data.loader import heldout_batch, heldout_sample_batches, heldout_split, pixel_field
+from genforge.data.video import clip_frames
 from genforge.eval.distributed import gather_rows, rank_and_world
 from genforge.eval.metrics import (EmbeddingMetric, EvalContext, ReconstructionMetric, SampleMetric, check_metrics,
                                    task_roles)
@@ -110,8 +111,7 @@ def evaluate_tokenizer(codec: nn.Module, metrics: list[ReconstructionMetric], ct
         codes = codec.encode(images)
         recon = codec.decode(codes).float().clamp(-1, 1)
         count += len(images)
-        if images.ndim == 5:  # per frame: [B, C, T, H, W] -> [B·T, C, H, W]
-            images, recon = (x.transpose(1, 2).flatten(0, 1) for x in (images, recon))
+        images, recon = clip_frames(images), clip_frames(recon)  # clips: per frame
         for metric, state in zip(metrics, states):
             metric.update(state, images, codes, recon, held)
     if count == 0:
