@@ -15,7 +15,7 @@ import time
 import torch
 
 from genforge.eval.distribution_metrics import gaussian_stats
-from genforge.eval.features import InceptionFeatures
+from genforge.nn.features import InceptionFeatures
 
 
 def main() -> None:

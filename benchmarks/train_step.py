@@ -4,7 +4,7 @@ A step = IDDPM loss (hybrid, learned sigma) forward + backward + fused AdamW ste
 trainer does it. Prints ms/step and images/s, median of --steps steps after --warmup, for each batch size
 and precision. The foundation issue quotes facebookresearch/DiT at about 6 images/s (fp32) and 12 images/s
 (bf16 autocast) at batch 32; measured beside genforge on the 2-core CPU machine with `--reference`, it runs at
-2.5 images/s fp32, as genforge does: both at the CPU's matmul rate (docs/dit.md).
+2.5 images/s fp32, as genforge does: both at the CPU's matmul rate (docs/diffusion.md).
 
 `--reference DIR` also times facebookresearch/DiT itself, from a checkout at DIR (`git clone
 https://github.com/facebookresearch/DiT`), in the same run: its `models.py` DiT-S/2 and its `diffusion`

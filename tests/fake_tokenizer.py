@@ -16,7 +16,7 @@ from genforge.app.config import load_config, to_yaml
 from genforge.app import runs
 from genforge.engine.checkpoint import CheckpointDir, save_tensors
 from genforge.core.task import Task
-from genforge.nn.codec import ColourQuantizerCodec, SpaceToDepthCodec
+from genforge.tokenizers.standins import ColourQuantizerCodec, SpaceToDepthCodec
 
 MARKER = "fake-tokenizer.json"
 

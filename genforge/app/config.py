@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_m
 import genforge.app.plugins  # noqa: F401  (fills the registries RunConfig is assembled from)
 from genforge.core.config import (ConfigError, DataConfig, EvalConfig, FamilyConfig, LogConfig, StrictModel,
                                   TrainConfig)
+from genforge.core.family import canonical_family
 from genforge.core.registry import FAMILIES, METRICS
 from genforge.data.base import source_of
 from genforge.eval.metrics import check_metrics
@@ -42,6 +43,16 @@ class RunConfig(StrictModel):
         if cls is RunConfig:  # the union of the families registered now
             return run_config_type().model_validate(obj, **kwargs)
         return super().model_validate(obj, **kwargs)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_aliases(cls, obj: Any) -> Any:
+        """A former family name (`model.family: dit`) means the family that took it over (`diffusion`)."""
+        if isinstance(obj, dict) and isinstance(obj.get("model"), dict) and "family" in obj["model"]:
+            family = canonical_family(str(obj["model"]["family"]))
+            if family != obj["model"]["family"]:
+                obj = {**obj, "model": {**obj["model"], "family": family}}
+        return obj
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

@@ -3,7 +3,7 @@
 A tokenizer family hands its encoder/decoder out through `Task.codec()`: continuous ones (klvae) implement
 `LatentCodec`, discrete ones (dvae, vqgan) `TokenCodec`. A generator built on a tokenizer run names it in its
 config (`FamilyConfig.input_runs`: an `InputRun` per field); the application layer loads the run's frozen codec
-and hands it, with its `CodecInfo`, to the family's builder. Parameter-free stand-ins live in genforge.nn.codec.
+and hands it, with its `CodecInfo`, to the family's builder. Parameter-free stand-ins live in genforge.tokenizers.standins.
 """
 
 from __future__ import annotations

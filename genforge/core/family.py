@@ -34,6 +34,7 @@ class FamilySpec:
     config: type[FamilyConfig]
     build: Callable[[Any, BuildContext], Any] | str  # (its config, BuildContext) -> core.task.Task
     presets: Path | None = None
+    aliases: tuple[str, ...] = ()  # former names: a config or run that says one means this family
 
     def builder(self) -> Callable[[Any, BuildContext], Any]:
         """The builder, imported on first use when it is named by a string."""
@@ -44,9 +45,20 @@ class FamilySpec:
 
 
 def register_family(config: type[FamilyConfig], build: Callable[[Any, BuildContext], Any] | str,
-                    presets: Path | None = None) -> FamilySpec:
-    """Register a family under the name its config's `family` field defaults to."""
+                    presets: Path | None = None, aliases: tuple[str, ...] = ()) -> FamilySpec:
+    """Register a family under the name its config's `family` field defaults to; `aliases` are former names that
+    configs and run directories may still use (`canonical_family`)."""
     name = config.model_fields["family"].default
     if not isinstance(name, str):
         raise ValueError(f"{config.__name__}.family needs a default: the family's name")
-    return FAMILIES.register(name, FamilySpec(name, config, build, presets))
+    return FAMILIES.register(name, FamilySpec(name, config, build, presets, tuple(aliases)))
+
+
+def canonical_family(name: str) -> str:
+    """The registered family a `model.family` value means: itself, or the family that lists it as an alias."""
+    if name in FAMILIES:
+        return name
+    for family, spec in FAMILIES.items():
+        if name in spec.aliases:
+            return family
+    return name

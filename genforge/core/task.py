@@ -71,7 +71,7 @@ class Task(nn.Module):
         return self
 
     def codec(self) -> nn.Module | None:
-        """Tokenizer families: the encoder/decoder (a `LatentCodec` or `TokenCodec` of genforge.nn.codec, with
+        """Tokenizer families: the encoder/decoder (a `LatentCodec` or `TokenCodec` of genforge.tokenizers.standins, with
         the weights `ema_module` averages) that `genforge encode` and generators use. Generators: None."""
         return None
 

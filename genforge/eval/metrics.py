@@ -27,7 +27,8 @@ from genforge.core.task import Batch, Task
 from genforge.data.loader import class_names, heldout_batches, heldout_split, image_data, pixel_field
 from genforge.data.video import clip_frames
 from genforge.eval.embedding_metrics import retrieval_recall, zero_shot_accuracy
-from genforge.eval.features import I3DFeatures, InceptionFeatures, InceptionLogits, PerceptualLoss
+from genforge.nn.features import I3DFeatures, InceptionFeatures, InceptionLogits
+from genforge.nn.perceptual import PerceptualLoss
 from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
 from genforge.eval.motion import STILL, motion_direction
 from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats

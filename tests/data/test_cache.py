@@ -10,13 +10,13 @@ from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
 from genforge.app.config import ConfigError, load_config
 from genforge.core.codec import CodecInfo
 from genforge.core.config import DataConfig
-from genforge.nn.codec import PooledPixelEmbedder
+from genforge.tokenizers.standins import PooledPixelEmbedder
 from genforge.app.encode import encode_dataset
 from genforge.data.cache import MANIFEST, CacheDataset, CacheError, read_manifest
 from genforge.data.loader import StepBatchSampler, build_dataset, data_info
 from genforge.data.shapes import mirror_caption
 from genforge.app.runs import load_codec
-from genforge.testing import same_run
+from kill_harness import same_run
 
 
 def _encode(tokenizer_dir, out, flip=True, shard_size=16, data=None):
@@ -163,7 +163,7 @@ def test_dit_refuses_the_cache_of_another_tokenizer(tmp_path, fake_tokenizer):
     tok, oth = load_codec(tmp_path / "tok")[1], load_codec(other)[1]
     for name in (tok.encoder_hash, oth.encoder_hash, tok.checkpoint, oth.checkpoint, str(tmp_path / "cache")):
         assert name in str(refused.value)
-    with pytest.raises(ValueError, match="tokenizer of discrete tokens; model.family=dit models continuous latents"):
+    with pytest.raises(ValueError, match="tokenizer of discrete tokens; model.family=diffusion models continuous latents"):
         build_task(load_config("dit-latent-debug", _dit_on_cache(
             fake_tokenizer(tmp_path / "vq", kind="tokens"), tmp_path / "cache")), device="meta")
 

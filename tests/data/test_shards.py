@@ -21,7 +21,7 @@ from genforge.data.loader import build_dataset, build_train_batches, dataset_siz
 from genforge.data.shapes import ShapesDataset, write_shapes_shards
 from genforge.data.shards import DataError, decode_record, split_shards
 from genforge.app.runs import load_codec
-from genforge.testing import same_run
+from kill_harness import same_run
 
 
 def _png(value: int, fmt: str = "PNG", size=(10, 12)) -> bytes:

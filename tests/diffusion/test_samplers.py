@@ -101,7 +101,7 @@ def dit_task(request):
 
 @pytest.mark.parametrize("name,eta", [("ddpm", 0.0), ("ddim", 0.0), ("ddim", 1.0)])
 def test_dit_sample_is_bit_identical_to_the_old_call_path(dit_task, name, eta):
-    """DiTTask.sample (x_T drawn by the task, sampler looked up by name) against the old switch over the loops."""
+    """DiffusionTask.sample (x_T drawn by the task, sampler looked up by name) against the old switch over the loops."""
     task, d = dit_task, dit_task.cfg.diffusion
     task.cfg.diffusion = d.model_copy(update={"ddim_eta": eta})
     try:

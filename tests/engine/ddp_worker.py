@@ -16,11 +16,11 @@ from safetensors.torch import save_file
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
-from genforge.families.dit.task import DiTTask
+from genforge.families.diffusion.task import DiffusionTask
 
 fault = os.environ.get("GENFORGE_TEST_FAULT")
 if fault and os.environ.get("RANK") == "1":
-    plain = DiTTask.loss
+    plain = DiffusionTask.loss
 
     def faulty(self, batch, phase, step):
         if fault == "diverge" and step == 1:
@@ -32,7 +32,7 @@ if fault and os.environ.get("RANK") == "1":
             time.sleep(3600)
         return plain(self, batch, phase, step)
 
-    DiTTask.loss = faulty
+    DiffusionTask.loss = faulty
 
 run_dir, out_dir, *overrides = sys.argv[1:]
 trainer = make_trainer(load_config(os.environ.get("GENFORGE_TEST_PRESET", "dit-debug"), overrides), Path(run_dir))

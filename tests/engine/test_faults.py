@@ -21,7 +21,7 @@ from genforge.engine import trainer as trainer_module
 from genforge.engine.checkpoint import CheckpointDir, CheckpointError
 from genforge.app.runs import make_trainer
 from genforge.engine.trainer import TrainingError
-from genforge.testing import (KILL_RUN, child_env, kill_checkpoint_trial, kill_resume_trial, run, same_run,
+from kill_harness import (KILL_RUN, child_env, kill_checkpoint_trial, kill_resume_trial, run, same_run,
                               start_and_kill, train_argv)
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
 from genforge.engine.checkpoint import CheckpointError
 from genforge.engine.trainer import STATE_PIECES, Trainer, TrainingError
-from genforge.families.dit.task import DiTTask
+from genforge.families.diffusion.task import DiffusionTask
 
 # warm-up + cosine so the scheduler matters; a checkpoint at step 4 to resume from
 OVERRIDES = ["train.steps=8", "train.checkpoint_every=4", "train.log_every=1", "train.sample_every=0",
@@ -36,13 +36,13 @@ def _same(a, b) -> bool:
 
 def _global_rng_in_loss(monkeypatch):
     """A task that also draws from the global torch RNG, as a family with dropout would."""
-    plain = DiTTask.loss
+    plain = DiffusionTask.loss
 
     def loss(self, batch, phase, step):
         value, extra = plain(self, batch, phase, step)
         return value * (1 + 0.5 * torch.rand(())), extra
 
-    monkeypatch.setattr(DiTTask, "loss", loss)
+    monkeypatch.setattr(DiffusionTask, "loss", loss)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,8 @@ def test_nonfinite_step_is_skipped_and_changes_nothing(tmp_path, monkeypatch, ca
     before = (_optimizer_state(trainer), trainer.task.state_dict(), trainer.ema.state_dict())
     before = tuple({k: v.clone() for k, v in part.items()} for part in before)
     lr_before = trainer.schedulers["main"].get_last_lr()
-    plain = DiTTask.loss
-    monkeypatch.setattr(DiTTask, "loss", lambda self, batch, phase, step: (
+    plain = DiffusionTask.loss
+    monkeypatch.setattr(DiffusionTask, "loss", lambda self, batch, phase, step: (
         plain(self, batch, phase, step)[0] * float("nan") if step == 3 else plain(self, batch, phase, step)[0], {}))
     trainer.fit(stop_at=4)
     after = (_optimizer_state(trainer), trainer.task.state_dict(), trainer.ema.state_dict())
@@ -88,13 +88,13 @@ def test_nonfinite_step_is_skipped_and_changes_nothing(tmp_path, monkeypatch, ca
 
 
 def _always_nan(monkeypatch, from_step):
-    plain = DiTTask.loss
+    plain = DiffusionTask.loss
 
     def loss(self, batch, phase, step):
         value, extra = plain(self, batch, phase, step)
         return (value * float("nan") if step >= from_step else value), extra
 
-    monkeypatch.setattr(DiTTask, "loss", loss)
+    monkeypatch.setattr(DiffusionTask, "loss", loss)
 
 
 def test_too_many_nonfinite_steps_stop_the_run(tmp_path, monkeypatch):
@@ -106,7 +106,7 @@ def test_too_many_nonfinite_steps_stop_the_run(tmp_path, monkeypatch):
 
 
 def test_rollback_reloads_the_checkpoint_and_skips_the_bad_data(tmp_path, monkeypatch, capsys):
-    plain = DiTTask.loss
+    plain = DiffusionTask.loss
     seen = []
 
     def loss(self, batch, phase, step):  # NaN for the batches at data positions 5 and 6, once
@@ -114,7 +114,7 @@ def test_rollback_reloads_the_checkpoint_and_skips_the_bad_data(tmp_path, monkey
         seen.append(step)
         return (value * float("nan") if len(seen) in (6, 7) else value), extra
 
-    monkeypatch.setattr(DiTTask, "loss", loss)
+    monkeypatch.setattr(DiffusionTask, "loss", loss)
     trainer = _run(tmp_path, ["train.max_nonfinite_skips=2", "train.on_nonfinite=rollback"])
     assert trainer.step == 8 and trainer.rollbacks == 1
     assert trainer.data_position == 8 + 3  # steps 4, 5 (skipped) and 6 (failed) consumed data once more

@@ -9,7 +9,7 @@ import torch
 from fake_i3d import standin_file
 
 import genforge.eval.distribution_metrics as dm
-from genforge.eval.features import FeatureNetworkUnavailable, I3DFeatures
+from genforge.nn.features import FeatureNetworkUnavailable, I3DFeatures
 
 
 def test_without_the_i3d_file_fvd_is_a_clear_error(tmp_path):

@@ -18,7 +18,7 @@ from genforge.core.config import DataConfig
 from genforge.data.shapes import write_shapes_folder
 from genforge.eval import metrics as metrics_module
 from genforge.eval import run as run_module
-from genforge.eval.features import FeatureNetworkUnavailable, InceptionLogits, fid_inception_path
+from genforge.nn.features import FeatureNetworkUnavailable, InceptionLogits, fid_inception_path
 from genforge.eval.reference import load_stats, reference_source, reference_stats
 
 HERE = Path(__file__).parent

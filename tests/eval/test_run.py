@@ -14,8 +14,8 @@ from genforge.core.task import Task
 from genforge.data.loader import heldout_split
 from genforge.eval.metrics import EvalContext, check_metrics
 from genforge.eval.run import evaluate_task, evaluate_tokenizer
-from genforge.nn.codec import SpaceToDepthCodec
-from genforge.testing import run, train_argv
+from genforge.tokenizers.standins import SpaceToDepthCodec
+from kill_harness import run, train_argv
 
 
 class GreyCodec(nn.Module):

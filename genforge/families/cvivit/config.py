@@ -1,5 +1,5 @@
 """Config of the `cvivit` family: Phenaki's C-ViViT video tokenizer (Villegas et al. 2022, §2.1), trained with the
-shared tokenizer losses (genforge.tokenizer_base) and any shared quantizer (VQ, LFQ, FSQ: genforge.nn.quantizers)."""
+shared tokenizer losses (genforge.tokenizers) and any shared quantizer (VQ, LFQ, FSQ: genforge.nn.quantizers)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pydantic import Field
 
 from genforge.core.config import DataConfig
 from genforge.nn.quantizers import QuantizerConfig
-from genforge.tokenizer_base.config import GANConfig, TokenizerConfig
+from genforge.tokenizers.config import GANConfig, TokenizerConfig
 
 
 class CViViTConfig(TokenizerConfig):

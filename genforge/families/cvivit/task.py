@@ -1,4 +1,4 @@
-"""cvivit as a Task: the shared tokenizer objective (genforge/tokenizer_base/task.py) on clips: reconstruction of
+"""cvivit as a Task: the shared tokenizer objective (genforge/tokenizers/task.py) on clips: reconstruction of
 every frame, perceptual and adaptive patch-GAN terms on a drawn frame of each clip, the quantizer's loss
 (commitment; LFQ's entropy), the discriminator (with R1) as the second phase. Image batches train it as 1-frame
 videos (joint image + video training)."""
@@ -12,7 +12,7 @@ from genforge.core.random import BatchRandom
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.cvivit.config import CViViTConfig
 from genforge.families.cvivit.model import CViViT
-from genforge.tokenizer_base.task import TokenizerTask
+from genforge.tokenizers.task import TokenizerTask
 
 
 class CViViTTask(TokenizerTask):

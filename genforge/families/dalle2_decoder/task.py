@@ -22,7 +22,8 @@ from genforge.diffusion import SAMPLERS, GaussianDiffusion
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
 from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
-from genforge.nn.codec import PooledPixelEmbedder
+from genforge.tokenizers.standins import PooledPixelEmbedder
+from genforge.nn.frozen import Frozen
 from genforge.text.clip_embedder import PretrainedClipEmbedder
 from genforge.text.encoders import attach_text_encoder, build_text_encoder
 
@@ -45,7 +46,7 @@ class Dalle2DecoderTask(Task):
         if cfg.embedder.source == "clip_run":
             self.embedder = ctx.codecs["model.embedder.path"][0]
         elif cfg.embedder.source == "clip_pretrained":  # large and frozen: outside the module tree and checkpoints
-            object.__setattr__(self, "embedder", PretrainedClipEmbedder(cfg.embedder.path))
+            self.embedder = Frozen(PretrainedClipEmbedder(cfg.embedder.path))
         elif cfg.embedder.source == "pooled":
             self.embedder = PooledPixelEmbedder(cfg.embedder.grid, ctx.data.image_size, self.channels)
         embed_dim = self.embedder.embed_dim if self.embedder is not None else cfg.embedder.dim
@@ -89,9 +90,12 @@ class Dalle2DecoderTask(Task):
         """The frozen embedder's embeddings [B, D] of images [B, C, H, W] in [-1, 1]."""
         if self.embedder is None:
             raise ValueError("model.embedder.source='data' has no image embedder: give embeddings, not images")
-        if isinstance(self.embedder, PretrainedClipEmbedder):  # outside the module tree: it follows the images
-            self.embedder.to(images.device)
-        return self.embedder.embed_images(images).float()
+        return self.embedder_on(images.device).embed_images(images).float()
+
+    def embedder_on(self, device: torch.device) -> nn.Module:
+        """The frozen embedder, on `device` (a pretrained CLIP is held outside the module tree: it follows the
+        inputs)."""
+        return self.embedder.on(device) if isinstance(self.embedder, Frozen) else self.embedder
 
     def conditioning(self, cond: Batch, embeds: Tensor, image_keep: Tensor, text_keep: Tensor) -> dict[str, Tensor]:
         """U-Net kwargs of every stage: the image embeddings [B, D] and, with a text encoder, the encodings of
@@ -148,9 +152,7 @@ class Dalle2DecoderTask(Task):
                 raise ValueError("--prompt needs an embedder with a text tower (model.embedder.source=clip_run or "
                                  "clip_pretrained)")
             texts = [prompts[i % len(prompts)] for i in range(n)]
-            if isinstance(self.embedder, PretrainedClipEmbedder):
-                self.embedder.to(device)
-            return Batch(image_embed=self.embedder.embed_texts(texts).float().to(device), text=texts)
+            return Batch(image_embed=self.embedder_on(device).embed_texts(texts).float().to(device), text=texts)
         if opts.get("image") is not None:
             image = resize(opts["image"], self.cfg.stages[-1].image_size)
             cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])

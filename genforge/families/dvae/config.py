@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from genforge.tokenizer_base.config import PerceptualConfig, TokenizerConfig
+from genforge.tokenizers.config import PerceptualConfig, TokenizerConfig
 
 
 class DVAEConfig(TokenizerConfig):

@@ -28,7 +28,7 @@ from genforge.families.dvae.config import DVAEConfig
 from genforge.families.dvae.model import DiscreteVAE
 from genforge.nn.sampling import gumbel
 from genforge.data.previews import interleave_rows
-from genforge.tokenizer_base.task import TokenizerTask
+from genforge.tokenizers.task import TokenizerTask
 
 
 def gumbel_softmax(logits: Tensor, uniform: Tensor, temperature: float, hard: bool) -> Tensor:

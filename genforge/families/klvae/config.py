@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from genforge.tokenizer_base.config import ConvStackConfig
+from genforge.tokenizers.config import ConvStackConfig
 
 
 class KLVAEConfig(ConvStackConfig):

@@ -8,7 +8,7 @@ from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
 from genforge.families.klvae.config import KLVAEConfig
 from genforge.families.klvae.model import KLAutoencoder, build_autoencoder_kl
-from genforge.tokenizer_base.task import TokenizerTask
+from genforge.tokenizers.task import TokenizerTask
 
 
 class KLVAETask(TokenizerTask):

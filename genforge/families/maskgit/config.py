@@ -6,7 +6,7 @@ from typing import Literal
 
 from genforge.core.config import DataConfig
 from genforge.data.loader import image_data
-from genforge.masked_base.config import MaskedTokenConfig
+from genforge.masked.config import MaskedTokenConfig
 
 
 class MaskGITConfig(MaskedTokenConfig):

@@ -1,4 +1,4 @@
-"""maskgit as a Task: the shared masked-token objective and decoding (genforge/masked_base/task.py) over an image
+"""maskgit as a Task: the shared masked-token objective and decoding (genforge/masked/task.py) over an image
 tokenizer's ids [B, h, w], with learned positions, one per token (MUSE)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from genforge.core.family import BuildContext
-from genforge.masked_base.task import MaskedTokenTask
-from genforge.nn.mask_transformer import MaskTransformer
+from genforge.masked.task import MaskedTokenTask
+from genforge.masked.transformer import MaskTransformer
 
 
 class MaskGITTask(MaskedTokenTask):

@@ -9,8 +9,8 @@ from pydantic import Field
 
 from genforge.core.config import DataConfig
 from genforge.data.loader import image_data
-from genforge.masked_base.config import MaskedTokenConfig
-from genforge.nn.codec import VideoTokenInputConfig
+from genforge.masked.config import MaskedTokenConfig
+from genforge.tokenizers.inputs import VideoTokenInputConfig
 
 
 class PhenakiConfig(MaskedTokenConfig):

@@ -1,5 +1,5 @@
 """Phenaki's masked-token transformer (Villegas et al. 2022, §2.2): the shared bidirectional MaskTransformer
-(genforge.nn.mask_transformer) over a clip's flattened video ids, with factorised position embeddings so one model
+(genforge.masked.transformer) over a clip's flattened video ids, with factorised position embeddings so one model
 takes any number of token frames (an image is one token frame; a longer clip more).
 
 position(frame f, token j) = spatial[j] (learned, one per token of a frame) + W · sincos(f) (fixed sin-cos of the
@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from genforge.nn.embeddings import sincos_pos_embed_1d
-from genforge.nn.mask_transformer import MaskTransformer
+from genforge.masked.transformer import MaskTransformer
 
 
 class VideoMaskTransformer(MaskTransformer):

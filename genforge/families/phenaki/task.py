@@ -1,4 +1,4 @@
-"""phenaki as a Task: the shared masked-token objective and guided decoding (genforge/masked_base/task.py) over a
+"""phenaki as a Task: the shared masked-token objective and guided decoding (genforge/masked/task.py) over a
 video tokenizer's ids [B, t, h, w] (a cvivit run, or the colour stand-in), with factorised positions; samples are
 clips [B, C, T, H, W], any 1 + k·(temporal patch) frames (`genforge sample --frames`), or stories: one clip per
 prompt of a sequence, each continuing the last (`genforge sample --story`)."""
@@ -14,7 +14,7 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch
 from genforge.data.loader import image_data
 from genforge.families.phenaki.model import VideoMaskTransformer
-from genforge.masked_base.task import MaskedTokenTask
+from genforge.masked.task import MaskedTokenTask
 
 
 class PhenakiTask(MaskedTokenTask):

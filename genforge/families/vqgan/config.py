@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from genforge.nn.quantizers import QuantizerConfig
-from genforge.tokenizer_base.config import ConvStackConfig, GANConfig
+from genforge.tokenizers.config import ConvStackConfig, GANConfig
 
 
 class VQGANConfig(ConvStackConfig):

@@ -1,4 +1,4 @@
-"""VQAutoencoder: the VQGAN of taming-transformers / MUSE as a `TokenCodec` (genforge.nn.codec).
+"""VQAutoencoder: the VQGAN of taming-transformers / MUSE as a `TokenCodec` (genforge.tokenizers.standins).
 
 image [B, C, H, W] --encoder--> [B, z, h, w] --quant_conv--> z --quantizer--> zq, ids [B, h, w]
       --post_quant_conv--> --decoder--> image [B, C, H, W]          with h = H / f, f = 2**(levels - 1)

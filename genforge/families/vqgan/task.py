@@ -1,5 +1,5 @@
 """vqgan as a Task: rec + perceptual + quantizer loss + adaptive patch-GAN (taming's VQLPIPSWithDiscriminator,
-MUSE's VQGanVAE), the discriminator as the second phase (genforge/tokenizer_base/task.py)."""
+MUSE's VQGanVAE), the discriminator as the second phase (genforge/tokenizers/task.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from torch import Tensor
 from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
-from genforge.tokenizer_base.task import TokenizerTask
+from genforge.tokenizers.task import TokenizerTask
 from genforge.families.vqgan.config import VQGANConfig
 from genforge.families.vqgan.model import VQAutoencoder
 

@@ -254,7 +254,7 @@ def test_sample_cli_makes_variations_of_an_image_and_runs_part_of_the_cascade(tm
 def test_image_option_does_not_apply_to_other_families(tmp_path):
     make_trainer(load_config("dit-debug", ["train.steps=1", "train.sample_every=0"]), tmp_path / "dit").fit()
     out = CliRunner().invoke(app, ["sample", str(tmp_path / "dit"), "--image", "x.png"])
-    assert out.exit_code == 2 and "--image does not apply to a 'dit' model" in out.stderr
+    assert out.exit_code == 2 and "--image does not apply to a 'diffusion' model" in out.stderr
 
 
 def test_clip_run_encode_then_decoder_on_the_cache(tmp_path):

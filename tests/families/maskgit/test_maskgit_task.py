@@ -12,8 +12,8 @@ from genforge.cli import app
 from genforge.app.config import ConfigError, load_config
 from genforge.data.loader import build_dataset, collate, data_info
 from genforge.core.random import BatchRandom
-from genforge.masked_base import task as task_module
-from genforge.masking import guided_logits
+from genforge.masked import task as task_module
+from genforge.masked.masking import guided_logits
 
 runner = CliRunner()
 
@@ -59,7 +59,7 @@ def test_loss_is_cross_entropy_on_the_masked_positions_only():
     rng = BatchRandom(0, 3, 0, 8, 0, 8)
     ids = task.to_tokens(batch)
     r = rng.rand_global()
-    from genforge.masking import training_mask
+    from genforge.masked.masking import training_mask
 
     mask = training_mask(rng.rows(r), rng.rand(ids.shape[1]), "cosine")
     assert 0 < mask.sum() < mask.numel()

@@ -26,7 +26,7 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch
 from genforge.families.phenaki.model import VideoMaskTransformer
 from genforge.families.phenaki.task import PhenakiTask
-from genforge.nn.codec import ColourQuantizerCodec
+from genforge.tokenizers.standins import ColourQuantizerCodec
 
 runner = CliRunner()
 
@@ -72,7 +72,7 @@ def test_sampled_clips_have_the_asked_number_of_frames():
 
 
 def test_story_mode_continues_each_clip_from_the_re_encoded_end_of_the_last(monkeypatch):
-    import genforge.masked_base.task as masked_task
+    import genforge.masked.task as masked_task
 
     task = task_of().eval()  # 5-frame clips: 3 token frames (1 + 2 tubelets of 2 frames)
     story = ["a red circle moving left", "a red circle moving up", "a blue square moving down"]

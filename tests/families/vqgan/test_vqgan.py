@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from genforge.app.config import ConfigError, load_config, to_yaml
 from genforge.core.random import BatchRandom
 from genforge.app.runs import build_task
-from genforge.tokenizer_base.config import GANConfig
+from genforge.tokenizers.config import GANConfig
 from genforge.families.vqgan.model import VQAutoencoder
 from genforge.core.codec import TokenCodec
 

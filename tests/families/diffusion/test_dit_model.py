@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from genforge.families.dit.model import DIT_SIZES, DiT, dit_from_size
+from genforge.families.diffusion.dit import DIT_SIZES, DiT, dit_from_size
 
 
 def tiny(**kw) -> DiT:

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
 from genforge.core.config import FamilyConfig, StrictModel
-from genforge.nn.codec import TokenInputConfig
+from genforge.tokenizers.inputs import TokenInputConfig
 from genforge.text.config import TextEncoderConfig
 
 

@@ -1,7 +1,7 @@
 import torch
 
 from genforge.core.codec import LatentCodec
-from genforge.nn.codec import SpaceToDepthCodec
+from genforge.tokenizers.standins import SpaceToDepthCodec
 
 
 def test_space_to_depth_is_exact_and_shapes_follow_the_interface():

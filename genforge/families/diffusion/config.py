@@ -10,16 +10,16 @@ from pydantic import Field, field_validator
 from genforge.core.codec import InputRun
 from genforge.core.config import DataConfig, FamilyConfig
 from genforge.diffusion.config import DiffusionConfig
-from genforge.families.dit.model import DIT_SIZES
-from genforge.nn.codec import LatentInputConfig
+from genforge.families.diffusion.dit import DIT_SIZES
+from genforge.tokenizers.inputs import LatentInputConfig
 from genforge.nn.unet import UNetConfig
 
 
-class DiTConfig(FamilyConfig):
+class DiffusionModelConfig(FamilyConfig):
     """The backbone: a DiT size from the paper's zoo, optionally overridden dimension by dimension, or the ADM
     U-Net of `model.unet` (`backbone: unet`); the size fields belong to the DiT, `unet` to the U-Net."""
 
-    family: Literal["dit"] = "dit"
+    family: Literal["diffusion"] = "diffusion"
     default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
     backbone: Literal["dit", "unet"] = Field("dit", description="dit: the transformer of `size`; unet: `model.unet`")
     unet: UNetConfig = UNetConfig()
@@ -60,7 +60,7 @@ class DiTConfig(FamilyConfig):
         if data.source == "cache" and not tokenizer:
             raise ValueError("data.source=cache needs model.latent.codec=tokenizer and model.latent.tokenizer set "
                              "to the tokenizer run that wrote the cache (it decodes the samples)")
-        if not tokenizer:  # a tokenizer's downsampling is known once it is loaded (DiTTask checks it then)
+        if not tokenizer:  # a tokenizer's downsampling is known once it is loaded (DiffusionTask checks it then)
             self.check_grid(data.image_size, self.latent.factor if self.latent else 1, "model.latent.factor")
         if self.diffusion.objective == "ddpm" and self.diffusion.sample_steps > self.diffusion.num_timesteps:
             raise ValueError(

@@ -10,7 +10,7 @@ from genforge.core.config import DataConfig, FamilyConfig, StrictModel
 
 
 class PerceptualConfig(StrictModel):
-    """LPIPS-style perceptual loss (genforge.eval.features.PerceptualLoss); weight 0 turns it off."""
+    """LPIPS-style perceptual loss (genforge.nn.features.PerceptualLoss); weight 0 turns it off."""
 
     weight: float = Field(1.0, ge=0.0)
     network: Literal["inception", "vgg16"] = Field(

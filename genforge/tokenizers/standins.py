@@ -1,4 +1,4 @@
-"""Parameter-free stand-in codecs, and the config section through which a generator names its codec.
+"""Parameter-free stand-in codecs, and `build_standin`, which makes the one a generator's codec input section names.
 
 `SpaceToDepthCodec` (a LatentCodec) turns an image into a lower-resolution, many-channel tensor and back exactly;
 `ColourQuantizerCodec` (a TokenCodec) paints blocks in quantised colours. They let the latent path (DiT) and the
@@ -7,15 +7,11 @@ token path (MaskGIT) be trained and tested without a trained tokenizer. The prot
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from genforge.core.codec import InputRun
-from genforge.core.config import StrictModel
+from genforge.tokenizers.inputs import CodecInputConfig, VideoTokenInputConfig
 
 
 class SpaceToDepthCodec(nn.Module):
@@ -110,83 +106,11 @@ class PooledPixelEmbedder(nn.Module):
         raise ValueError("the pooled-pixel stand-in embedder has no text tower")
 
 
-STANDINS = {"space_to_depth": "latent", "colour": "tokens"}  # stand-in codec -> the kind of codes it makes
-
-
-class CodecInputConfig(StrictModel):
-    """Where a generator's codes come from (`model.latent` of dit, `model.tokens` of maskgit): a trained tokenizer
-    run (its latest checkpoint's EMA weights encode and decode), or a parameter-free stand-in. A subclass narrows
-    `codec` to the stand-in of its kind and sets `kind` and `field`."""
-
-    kind: ClassVar[str]  # "latent" or "tokens": what the generator models
-    field: ClassVar[str]  # the config field, for messages: "model.latent"
-    codec: str
-    tokenizer: str | None = Field(None, description="codec=tokenizer: run directory of a trained tokenizer")
-    factor: int = Field(2, ge=1, le=16, description="a stand-in's downsampling: pixels per position along each side")
-    scale: float = Field(1.0, gt=0.0, description="codec=space_to_depth: latent = encode(x) * scale (a tokenizer "
-                                                   "brings its own scale factor)")
-    levels: int = Field(4, ge=2, le=16, description="codec=colour: levels per RGB channel (levels³ codes)")
-
-    @model_validator(mode="after")
-    def _fields_fit_the_codec(self) -> "CodecInputConfig":
-        f = self.field
-        if self.codec == "tokenizer" and not self.tokenizer:
-            raise ValueError(f"{f}.tokenizer (a tokenizer run directory) is required when {f}.codec is 'tokenizer'")
-        if self.codec != "tokenizer" and self.tokenizer:
-            raise ValueError(f"{f}.tokenizer applies to {f}.codec=tokenizer")
-        own = {"space_to_depth": ("factor", "scale"), "colour": ("factor", "levels")}.get(self.codec, ())
-        for name in ("factor", "scale", "levels"):
-            if name not in own and getattr(self, name) != type(self).model_fields[name].default:
-                where = "a tokenizer's downsampling and scale come from its checkpoint" if self.codec == "tokenizer" \
-                    else f"it applies to codec={'colour' if name == 'levels' else 'space_to_depth'}"
-                raise ValueError(f"{f}.{name} does not apply to {f}.codec={self.codec} ({where})")
-        return self
-
-    def input_runs(self) -> dict[str, InputRun]:
-        """The tokenizer run, when the codes come from one."""
-        if self.codec != "tokenizer":
-            return {}
-        return {f"{self.field}.tokenizer": InputRun(self.tokenizer, self.kind)}
-
-    def standin(self, image_channels: int = 3) -> nn.Module:
-        """The stand-in codec of `codec` (not for codec=tokenizer)."""
-        if self.codec == "space_to_depth":
-            return SpaceToDepthCodec(image_channels, self.factor, self.scale)
-        if self.codec == "colour":
-            return ColourQuantizerCodec(self.factor, self.levels)
-        raise ValueError(f"{self.field}.codec={self.codec} is not a stand-in codec")
-
-
-class LatentInputConfig(CodecInputConfig):
-    """DiT's latents: a trained continuous tokenizer (a klvae run), or `space_to_depth`."""
-
-    kind: ClassVar[str] = "latent"
-    field: ClassVar[str] = "model.latent"
-    codec: Literal["space_to_depth", "tokenizer"] = "space_to_depth"
-
-
-class TokenInputConfig(CodecInputConfig):
-    """MaskGIT's token ids: a trained discrete tokenizer (a vqgan or dvae run), or `colour` (tests)."""
-
-    kind: ClassVar[str] = "tokens"
-    field: ClassVar[str] = "model.tokens"
-    codec: Literal["tokenizer", "colour"] = "tokenizer"
-
-
-class VideoTokenInputConfig(TokenInputConfig):
-    """Phenaki's token ids [B, t, h, w]: a trained video tokenizer (a cvivit run), or `colour` in C-ViViT's causal
-    layout (the first frame, then blocks of `temporal_factor` frames; tests)."""
-
-    temporal_factor: int = Field(2, ge=1, le=8, description="codec=colour: frames per token frame after the first "
-                                                            "(a tokenizer's comes from its checkpoint)")
-
-    @model_validator(mode="after")
-    def _temporal_factor_is_the_standins(self) -> "VideoTokenInputConfig":
-        if self.codec == "tokenizer" and self.temporal_factor != type(self).model_fields["temporal_factor"].default:
-            raise ValueError(f"{self.field}.temporal_factor does not apply to {self.field}.codec=tokenizer (a "
-                             "tokenizer's temporal patch comes from its checkpoint)")
-        return self
-
-    def standin(self, image_channels: int = 3) -> nn.Module:
-        return ColourQuantizerCodec(self.factor, self.levels, self.temporal_factor)
-
+def build_standin(cfg: CodecInputConfig, *, image_channels: int = 3) -> nn.Module:
+    """The stand-in codec `cfg.codec` names (not for codec=tokenizer, whose codec the application loads)."""
+    if cfg.codec == "space_to_depth":
+        return SpaceToDepthCodec(image_channels, cfg.factor, cfg.scale)
+    if cfg.codec == "colour":
+        temporal = cfg.temporal_factor if isinstance(cfg, VideoTokenInputConfig) else 1
+        return ColourQuantizerCodec(cfg.factor, cfg.levels, temporal)
+    raise ValueError(f"{cfg.field}.codec={cfg.codec} is not a stand-in codec")

@@ -5,9 +5,10 @@ import torch
 from safetensors.torch import save_file
 
 from genforge.data.shapes import render_batch
-from genforge.eval import features
-from genforge.eval.features import (LPIPS_CHANNELS, VGG16_LAYOUT, FeatureNetworkUnavailable, InceptionFeatures,
-                                    PerceptualLoss, VGG16Features, fid_inception_path)
+from genforge.nn import features
+from genforge.nn.features import (LPIPS_CHANNELS, VGG16_LAYOUT, FeatureNetworkUnavailable, InceptionFeatures,
+                                  VGG16Features, fid_inception_path)
+from genforge.nn.perceptual import PerceptualLoss
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_vgg16_loads_torchvision_names_and_gives_the_five_lpips_layers(vgg_file)
     assert str(vgg_file) in loss.describe() and loss.state_dict() == {}
     x = torch.rand(2, 3, 32, 32) * 2 - 1
     assert loss(x, x).abs().max() < 1e-6 and (loss(x, x.flip(-1)) > 0).all()
-    assert next(loss.double().net.parameters()).dtype == torch.float64  # .to() moves the unregistered network
+    assert list(loss.parameters()) == [] and next(loss.net.parameters()).requires_grad is False  # held by Frozen
 
 
 def test_vgg16_lpips_names_torch_file_and_linear_heads(tmp_path):

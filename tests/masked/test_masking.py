@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from genforge.masking import decode, mask_ratio, masked_count, training_mask
+from genforge.masked.masking import decode, mask_ratio, masked_count, training_mask
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "square"])

@@ -17,10 +17,11 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.data.loader import build_dataset, image_data
 from genforge.data.text_embeds import use_cached_text_embeds
-from genforge.masked_base.config import MaskedTokenConfig
-from genforge.masking import decode, guided_logits, hidden_count, training_mask
-from genforge.nn.mask_transformer import MaskTransformer
+from genforge.masked.config import MaskedTokenConfig
+from genforge.masked.masking import decode, guided_logits, hidden_count, training_mask
+from genforge.masked.transformer import MaskTransformer
 from genforge.text.encoders import attach_text_encoder, build_text_encoder
+from genforge.tokenizers.standins import build_standin
 
 
 class MaskedTokenTask(Task):
@@ -72,7 +73,7 @@ class MaskedTokenTask(Task):
         """The token codec of `model.tokens` (the stand-in, or the tokenizer run's, loaded by the application) and
         where its grid and vocabulary come from, for messages."""
         if cfg.tokens.codec != "tokenizer":
-            return cfg.tokens.standin(), "model.tokens.factor/levels"
+            return build_standin(cfg.tokens), "model.tokens.factor/levels"
         codec, _ = ctx.codecs["model.tokens.tokenizer"]
         return codec, f"the tokenizer {cfg.tokens.tokenizer}"
 

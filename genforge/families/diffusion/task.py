@@ -1,4 +1,4 @@
-"""The dit family as a Task: a diffusion objective on pixels or codec latents, class-conditional with CFG dropout,
+"""The diffusion family as a Task: a diffusion objective on pixels or codec latents, class-conditional with CFG dropout,
 on a DiT or an ADM U-Net backbone."""
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ from torch import Tensor
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.diffusion import SAMPLERS
-from genforge.families.dit.config import DiTConfig
-from genforge.families.dit.model import DiT
+from genforge.families.diffusion.config import DiffusionModelConfig
+from genforge.families.diffusion.dit import DiT
 from genforge.nn.unet import UNet
+from genforge.tokenizers.standins import build_standin
 
 
-class DiTTask(Task):
+class DiffusionTask(Task):
     """Trains the backbone with the objective's `training_losses` (DiT train.py's loop) and samples with the
     configured sampler."""
 
-    def __init__(self, cfg: DiTConfig, ctx: BuildContext) -> None:
+    def __init__(self, cfg: DiffusionModelConfig, ctx: BuildContext) -> None:
         super().__init__()
         self.cfg = cfg
         data = ctx.info
@@ -33,7 +34,7 @@ class DiTTask(Task):
         self.null_label = self.num_classes
         self.objective = cfg.diffusion.objective_for_training()
 
-    def _build_backbone(self, cfg: DiTConfig) -> DiT | UNet:
+    def _build_backbone(self, cfg: DiffusionModelConfig) -> DiT | UNet:
         """DiT of `size` (+ overrides), or the ADM U-Net of `model.unet`: (x_t [B, C, h, w], t [B], y [B]) ->
         [B, C or 2C (learned variance), h, w]."""
         if cfg.backbone == "unet":
@@ -51,12 +52,12 @@ class DiTTask(Task):
         )
 
     @staticmethod
-    def _build_codec(cfg: DiTConfig, ctx: BuildContext) -> torch.nn.Module | None:
+    def _build_codec(cfg: DiffusionModelConfig, ctx: BuildContext) -> torch.nn.Module | None:
         """The latent codec of `model.latent`: the stand-in, or the tokenizer run's, loaded by the application."""
         if cfg.latent is None:
             return None
         if cfg.latent.codec != "tokenizer":
-            return cfg.latent.standin(ctx.info.channels)
+            return build_standin(cfg.latent, image_channels=ctx.info.channels)
         codec, info = ctx.codecs["model.latent.tokenizer"]
         cfg.check_grid(ctx.info.image_size, info.downsample, f"the downsampling of {cfg.latent.tokenizer}")
         return codec
@@ -64,7 +65,7 @@ class DiTTask(Task):
     def ema_module(self) -> torch.nn.Module:
         return self.model
 
-    def train(self, mode: bool = True) -> "DiTTask":
+    def train(self, mode: bool = True) -> "DiffusionTask":
         """Train mode for the DiT; the codec stays frozen in eval mode."""
         super().train(mode)
         if self.latent_codec is not None:

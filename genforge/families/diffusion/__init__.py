@@ -1,0 +1,11 @@
+"""diffusion: class-conditional diffusion on pixels or a tokenizer's latents with a DiT (adaLN-Zero) or an ADM U-Net
+backbone, on the IDDPM, rectified-flow or EDM objective, with CFG. `model.family: dit` (its name until issue 29) is an
+alias: configs and runs that say it still load."""
+
+from pathlib import Path
+
+from genforge.core.family import register_family
+from genforge.families.diffusion.config import DiffusionModelConfig
+
+register_family(DiffusionModelConfig, "genforge.families.diffusion.task:DiffusionTask", Path(__file__).parent / "presets",
+                aliases=("dit",))
