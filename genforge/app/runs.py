@@ -22,7 +22,7 @@ from genforge.core.registry import FAMILIES
 from genforge.core.task import Task
 from genforge.data.base import DataInfo
 from genforge.data.cache import check_cache
-from genforge.data.loader import scan_data_info
+from genforge.data.loader import HeldOutData, image_data, scan_data_info
 from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, load_tensors, read_json
 from genforge.engine.trainer import Trainer, TrainingRun
 
@@ -45,7 +45,8 @@ def build_task(cfg: RunConfig, info: DataInfo | None = None, device: torch.devic
     with torch.device(device) if device is not None else torch.device(torch.get_default_device()):
         codecs = {field: load_input_codec(run.path, field, run.kind, cfg.model.family, info, cfg.data.path)
                   for field, run in cfg.model.input_runs().items()}
-        return FAMILIES.get(cfg.model.family).builder()(cfg.model, BuildContext(cfg.data, info, codecs))
+        ctx = BuildContext(cfg.data, info, codecs, heldout=HeldOutData(cfg.data), pixel_data=image_data(cfg.data))
+        return FAMILIES.get(cfg.model.family).builder()(cfg.model, ctx)
 
 
 def missing_inputs(cfg: RunConfig) -> list[str]:

@@ -10,17 +10,27 @@ from typing import Any, Callable
 
 from genforge.core.config import DataConfig, FamilyConfig
 from genforge.core.registry import FAMILIES
+from genforge.core.task import HeldOut
 
 
 @dataclass(frozen=True)
 class BuildContext:
     """What a family's builder gets besides its config: the run's data section, what the data set says about
-    itself (a genforge.data.base.DataInfo), and the frozen codecs of its input runs by config field
-    (`FamilyConfig.input_runs`), each as (codec module, core.codec.CodecInfo)."""
+    itself (a genforge.data.base.DataInfo), the frozen codecs of its input runs by config field
+    (`FamilyConfig.input_runs`), each as (codec module, core.codec.CodecInfo), the run's held-out data (previews,
+    reconstructions, default prompts) and the data section of the pixels behind the run's data (itself, or for a
+    cache the section it was encoded from). The application layer resolves all of it; a family never reads data."""
 
     data: DataConfig
     info: Any
     codecs: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    heldout: HeldOut | None = None
+    pixel_data: DataConfig | None = None
+
+    @property
+    def pixels(self) -> DataConfig:
+        """`pixel_data`, else the run's data section."""
+        return self.pixel_data or self.data
 
 
 @dataclass(frozen=True)

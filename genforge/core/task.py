@@ -7,7 +7,7 @@ with its own optimizer.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, TypedDict
+from typing import Any, Iterable, Protocol, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +26,20 @@ class Batch(TypedDict, total=False):
     latent: Tensor  # [B, C, h, w]
     tokens: Tensor  # long [B, N]
     key: list[str]  # sample ids, for skip reports and caches
+
+
+class HeldOut(Protocol):
+    """A run's held-out data as its task is handed it (BuildContext.heldout; genforge.data makes it from the data
+    section, resolving a cache to the data it was encoded from). A task never builds a data set itself."""
+
+    def samples(self, n: int, spread: bool = False) -> Batch:
+        """Up to `n` readable held-out samples collated: the pixels (`image` or `video`) with `label`, `text`,
+        `direction`, `image_embed` where the data has them; `spread`: evenly over the split, not its first n.
+        ValueError when there are none."""
+
+    def conditions(self, n: int) -> Batch:
+        """Preview conditions of `n` samples when the user gives none: the held-out captions (`text`), labels
+        (`label`) and motion directions (`direction`) the data has (DataSource.preview_conditions)."""
 
 
 class Task(nn.Module):
@@ -90,6 +104,20 @@ class Task(nn.Module):
     def forward(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Dispatches to `loss`, so that DDP/FSDP wrappers see a forward call."""
         return self.loss(batch, phase, step)
+
+
+def interleave_rows(groups: list[Tensor], width: int = 8) -> tuple[Tensor, int]:
+    """Aligned batches [B, C, H, W] (originals, reconstructions, ...) -> a grid of `width` columns in which each row
+    of the first is followed by the same row of every other; white cells complete a short last row."""
+    like = groups[-1]
+    groups = [g.to(like.device, like.dtype) for g in groups]
+    width = min(width, len(like))
+    rows = []
+    for start in range(0, len(like), width):
+        for group in groups:
+            row = group[start : start + width]
+            rows += [row, row.new_ones(width - len(row), *row.shape[1:])]
+    return torch.cat(rows), width
 
 
 def class_conditions(n: int, num_classes: int, label: int | None, device: torch.device | str) -> Batch:

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from genforge.core.config import DataConfig
 from genforge.core.registry import DATA_SOURCES
@@ -38,6 +39,9 @@ class DataSource:
     path_help: str | None = None  # what data.path names; data.path is required when set
     resize: str = ""  # how images become data.image_size pixels (recorded in caches and reference statistics)
     field: str = "image"  # the sample's key of its pixels: "image" [C, H, W], or "video" [C, T, H, W] for clips
+    judge_classes: bool = False  # its labels are the built-in shapes classes, which the shapes judge (eval) knows
+    motion: bool = False  # its samples carry `direction`, the motion of moving shapes (metric recon_direction)
+    CONDITION_FIELDS = ("text", "label", "direction")  # what a sample conditions a generator on
 
     def check(self, cfg: DataConfig) -> None:
         """Config checks of this source (ValueError naming the field)."""
@@ -72,6 +76,37 @@ class DataSource:
         """The data section of the images behind `cfg`: itself, or for a cache the section it was encoded from
         (None when that cannot be read)."""
         return cfg
+
+    def heldout_samples(self, cfg: DataConfig, n: int, spread: bool = False) -> Iterator[dict[str, Any]]:
+        """The first `n` readable samples of `heldout_split(cfg)`, unflipped, one dict each (pixels, and `label`,
+        `text`, `direction`, `image_embed`, `key` where the source has them). With `spread`, n samples evenly spaced
+        over a larger indexable split instead (an image folder lists its classes in turn: the first n would all be of
+        the first class); a stream is always read from its start, lazily (only the first n are decoded)."""
+        dataset = self.build(cfg, self.heldout_split(cfg), False, None)
+        if isinstance(dataset, IterableDataset):
+            items = iter(dataset)
+        else:
+            size = len(dataset)
+            indices = [i * size // n for i in range(n)] if spread and size > n else range(size)
+            items = (dataset[i] for i in indices)
+        return itertools.islice((item for item in items if "bad" not in item), n)  # skip unreadable files
+
+    def preview_conditions(self, cfg: DataConfig, n: int) -> dict[str, Any]:
+        """What a conditional generator's previews and evaluation condition on when the user gives no prompt or
+        label: the captions (`text`), labels (`label`) and motion directions (`direction`) of the first n held-out
+        samples (the fields every one of them has), cycled when the split holds fewer. Shapes and moving shapes
+        answer with their captions and classes, a folder or shards with their held-out captions and labels."""
+        items = [{k: v for k, v in item.items() if k in self.CONDITION_FIELDS}
+                 for item in self.heldout_samples(cfg, n)]
+        if not items:
+            raise ValueError(f"no readable samples in the {self.heldout_split(cfg)!r} split of data.source="
+                             f"{self.name} to take preview conditions from")
+        fields = set.intersection(*(set(item) for item in items))
+        conditions: dict[str, Any] = {}
+        for field in sorted(fields):
+            values = [items[i % len(items)][field] for i in range(n)]
+            conditions[field] = values if isinstance(values[0], str) else torch.tensor(values)
+        return conditions
 
 
 def source_of(cfg: DataConfig) -> DataSource:

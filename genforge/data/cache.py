@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 from genforge.core.codec import CodecInfo
 from genforge.core.config import DataConfig, StrictModel
 from genforge.core.registry import CACHE_KINDS, DATA_SOURCES
-from genforge.data.base import CacheError, DataInfo, DataSource
+from genforge.data.base import CacheError, DataInfo, DataSource, source_of
 from genforge.data.images import flip_drawn, to_tensor
 from genforge.data.text_embeds import TextEmbeds
 
@@ -299,6 +299,14 @@ class CacheSource(DataSource):
             return DataConfig.model_validate(read_manifest(cfg.path).preprocessing.data)
         except CacheError:
             return None
+
+    def preview_conditions(self, cfg: DataConfig, n: int) -> dict[str, Any]:
+        """Those of the data the cache was encoded from (its held-out captions and labels)."""
+        images = self.image_data(cfg)
+        if images is None:
+            raise CacheError(f"data.path={cfg.path}: its cache.json cannot be read, so the data it was encoded from "
+                             "(where preview prompts come from) is unknown; give --prompt or model.sample_prompts")
+        return source_of(images).preview_conditions(images, n)
 
 
 DATA_SOURCES.register("cache", CacheSource())

@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -76,19 +77,45 @@ def class_names(cfg: DataConfig) -> list[str] | None:
 
 
 def heldout_samples(cfg: DataConfig, n: int, spread: bool = False) -> Iterator[dict[str, Any]]:
-    """The first `n` readable samples of `heldout_split(cfg)`, unflipped, one dict each (`image` [C, H, W] in
-    [-1, 1], and `label`, `text`, `image_embed`, `key` where the source has them). With `spread`, n samples evenly
-    spaced over a larger indexable split instead (an image folder lists its classes in turn: the first n would all be
-    of the first class); a stream is always read from its start."""
-    dataset = build_dataset(cfg, split=heldout_split(cfg), flip=False)
-    # a stream (webdataset shards) iterates as one ordered pass, read lazily: only the first n are decoded
-    if isinstance(dataset, IterableDataset):
-        items = iter(dataset)
-    else:
-        size = len(dataset)
-        indices = [i * size // n for i in range(n)] if spread and size > n else range(size)
-        items = (dataset[i] for i in indices)
-    return itertools.islice((item for item in items if "bad" not in item), n)  # skip unreadable files
+    """The first `n` readable samples of `heldout_split(cfg)`, unflipped (`DataSource.heldout_samples`)."""
+    return source_of(cfg).heldout_samples(cfg, n, spread)
+
+
+def preview_conditions(cfg: DataConfig, n: int) -> dict[str, Any]:
+    """The held-out captions / labels / directions of `n` samples (`DataSource.preview_conditions`)."""
+    return source_of(cfg).preview_conditions(cfg, n)
+
+
+def judged_by_shapes_judge(cfg: DataConfig) -> bool:
+    """Whether the images behind `cfg` (a cache: those it encoded) have the shapes classes the judge knows."""
+    images = image_data(cfg)
+    return images is not None and source_of(images).judge_classes
+
+
+def has_motion(cfg: DataConfig) -> bool:
+    """Whether the samples of `cfg` carry the true motion `direction` (moving shapes)."""
+    return source_of(cfg).motion
+
+
+@dataclass(frozen=True)
+class HeldOutData:
+    """A run's held-out data as the application layer hands it to its task (genforge.core.task.HeldOut): for a
+    cache, that of the data it was encoded from. Nothing is read until a task asks."""
+
+    data: DataConfig  # the run's data section
+
+    def pixels(self) -> DataConfig:
+        images = image_data(self.data)
+        if images is None:
+            raise ValueError(f"data.path={self.data.path}: the data this cache was encoded from is unknown (its "
+                             "cache.json cannot be read), so there are no held-out samples")
+        return images
+
+    def samples(self, n: int, spread: bool = False) -> dict[str, Any]:
+        return heldout_batch(self.pixels(), n, spread)
+
+    def conditions(self, n: int) -> dict[str, Any]:
+        return preview_conditions(self.data, n)
 
 
 def heldout_batches(cfg: DataConfig, n: int, batch_size: int, field: str = "image") -> Iterator[Tensor]:

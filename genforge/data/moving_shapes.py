@@ -151,6 +151,7 @@ class MovingShapesSource(DataSource):
     name = "moving_shapes"
     field = "video"
     resize = "rendered at data.image_size (4x supersampled, box-filtered)"
+    judge_classes, motion = True, True
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> MovingShapesDataset:
         seed = cfg.shapes.seed + (HELDOUT_SEED_OFFSET if split == "val" else 0)

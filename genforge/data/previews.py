@@ -30,20 +30,6 @@ class PreviewWriter:
     write: Callable[[Tensor, Path, int | None], None]
 
 
-def interleave_rows(groups: list[Tensor], width: int = 8) -> tuple[Tensor, int]:
-    """Aligned batches [B, C, H, W] (originals, reconstructions, ...) -> a grid of `width` columns in which each row
-    of the first is followed by the same row of every other; white cells complete a short last row."""
-    like = groups[-1]
-    groups = [g.to(like.device, like.dtype) for g in groups]
-    width = min(width, len(like))
-    rows = []
-    for start in range(0, len(like), width):
-        for group in groups:
-            row = group[start : start + width]
-            rows += [row, row.new_ones(width - len(row), *row.shape[1:])]
-    return torch.cat(rows), width
-
-
 def image_grid(images: Tensor, nrow: int | None = None, pad: int = 2) -> np.ndarray:
     """[B, C, H, W] in [-1, 1] -> one uint8 [rows·(H+pad)+pad, cols·(W+pad)+pad, 3] grid (vectorised)."""
     images = images.detach().cpu()

@@ -244,6 +244,7 @@ class ShapesSource(DataSource):
 
     name = "shapes"
     resize = "rendered at data.image_size (4x supersampled, box-filtered)"
+    judge_classes = True
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ShapesDataset:
         spec = ShapesSpec(cfg.shapes.min_shapes, cfg.shapes.max_shapes, cfg.shapes.textured_fraction)

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from genforge.data.base import CacheError, DataInfo
+from genforge.data.base import CacheError
 from genforge.text.config import TextEncoderConfig
 from genforge.text.base import TextEncoder, pad_rows, trim_rows
 
@@ -79,17 +79,3 @@ class TextEmbeds:
     def __getitem__(self, row: int) -> tuple[Tensor, Tensor]:
         """(text_embed float32 [L, D], text_mask bool [L]) of a row."""
         return self.embeds[row].float(), self.mask[row]
-
-
-def use_cached_text_embeds(data: DataInfo, encoder: TextEncoder, path: str | None) -> bool:
-    """Whether a family should take `text_embed` / `text_mask` from the batches instead of encoding `text`: the
-    data is a cache whose embeddings `encoder` wrote. False when there are none or the encoder is trainable; a
-    CacheError when another frozen encoder wrote them."""
-    if data.text_encoder is None or encoder.trainable:
-        return False
-    if data.text_encoder != encoder.fingerprint():
-        raise CacheError(f"the text embeddings in the cache {path} were written by another text encoder than the "
-                         f"configured one:\n  cache:      {data.text_encoder}\n  configured: {encoder.fingerprint()}"
-                         f"\nre-encode the cache with the configured encoder (genforge encode ... --text-encoder "
-                         f"{encoder.kind}) or configure model.text to match it")
-    return True

@@ -24,7 +24,8 @@ from genforge.core.codec import TokenCodec, codec_kind
 from genforge.core.config import DataConfig, EvalConfig
 from genforge.core.registry import METRICS
 from genforge.core.task import Batch, Task
-from genforge.data.loader import class_names, heldout_batches, heldout_split, image_data, pixel_field
+from genforge.data.loader import (class_names, has_motion, heldout_batches, heldout_split, image_data,
+                                  judged_by_shapes_judge, pixel_field)
 from genforge.data.video import clip_frames
 from genforge.eval.embedding_metrics import retrieval_recall, zero_shot_accuracy
 from genforge.nn.features import I3DFeatures, InceptionFeatures, InceptionLogits
@@ -34,7 +35,6 @@ from genforge.eval.motion import STILL, motion_direction
 from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats
 from genforge.eval.tokenizer_metrics import CodebookUsage, psnr, ssim
 
-SHAPES_SOURCES = ("shapes", "moving_shapes")  # the built-in data the shapes judge knows
 ROLE_NAMES = {("generator",): "generator", ("tokenizer",): "continuous tokenizer",
               ("discrete", "tokenizer"): "discrete tokenizer", ("embedder",): "image-text embedder"}
 
@@ -133,10 +133,9 @@ class JudgePredictions(FeatureExtractor):
     """The shapes judge's predicted class of each image [b], or of each frame of each clip [b, T]."""
 
     def setup(self, ctx: EvalContext) -> None:
-        images = image_data(ctx.data)
-        if images is None or images.source not in SHAPES_SOURCES:
-            raise ValueError("metric 'judge' needs a model trained on data.source=shapes or moving_shapes (or on a "
-                             "cache encoded from shapes)")
+        if not judged_by_shapes_judge(ctx.data):
+            raise ValueError("metric 'judge' needs a model trained on data with the shapes classes (data.source=shapes "
+                             "or moving_shapes, or a cache encoded from them)")
         if "label" not in ctx.cond:
             raise ValueError("metric 'judge' needs a class-conditional model")
         load_or_train_judge()
@@ -406,9 +405,9 @@ class ReconstructionJudge(ReconstructionMetric):
     name, results = "recon_judge", ("judge_accuracy", "judge_kind_accuracy", "judge_colour_accuracy")
 
     def start(self, codec: nn.Module, ctx: EvalContext) -> Any:
-        images = image_data(ctx.data)
-        if images is None or images.source not in SHAPES_SOURCES:
-            raise ValueError("metric 'recon_judge' needs a tokenizer trained on data.source=shapes or moving_shapes")
+        if not judged_by_shapes_judge(ctx.data):
+            raise ValueError("metric 'recon_judge' needs a tokenizer trained on data with the shapes classes "
+                             "(data.source=shapes or moving_shapes)")
         return {"judge": load_or_train_judge(), "preds": [], "labels": []}
 
     def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor, held: Batch) -> None:
@@ -426,8 +425,9 @@ class ReconstructionDirection(ReconstructionMetric):
     name, results = "recon_direction", ("direction_accuracy", "direction_still")
 
     def start(self, codec: nn.Module, ctx: EvalContext) -> Any:
-        if ctx.data.source != "moving_shapes":
-            raise ValueError("metric 'recon_direction' needs a video tokenizer trained on data.source=moving_shapes")
+        if not has_motion(ctx.data):
+            raise ValueError("metric 'recon_direction' needs a video tokenizer trained on clips with a known motion "
+                             "(data.source=moving_shapes)")
         return {"directions": [], "truth": []}
 
     def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor, held: Batch) -> None:

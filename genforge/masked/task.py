@@ -12,15 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from genforge.core.config import DataConfig
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
-from genforge.data.loader import build_dataset, image_data
-from genforge.data.text_embeds import use_cached_text_embeds
 from genforge.masked.config import MaskedTokenConfig
 from genforge.masked.masking import decode, guided_logits, hidden_count, training_mask
 from genforge.masked.transformer import MaskTransformer
-from genforge.text.encoders import attach_text_encoder, build_text_encoder
+from genforge.text.encoders import attach_text_encoder, build_text_encoder, use_cached_text_embeds
 from genforge.tokenizers.standins import build_standin
 
 
@@ -47,10 +44,13 @@ class MaskedTokenTask(Task):
         if encoder is not None:
             # trainable: a submodule of the model (optimised, averaged, checkpointed); frozen: outside the module tree
             attach_text_encoder(self.model, "text_encoder", encoder)
-            self.use_cached_text = use_cached_text_embeds(data, encoder, ctx.data.path)
-        self.prompt_data = self._shapes_data(ctx.data)  # where held-out prompts come from, when none are configured
-        if cfg.conditioning == "text" and not cfg.sample_prompts and data.kind != "tokens" and self.prompt_data is None:
-            raise ValueError("model.sample_prompts: set prompts for the preview grids and evaluation")
+            self.use_cached_text = use_cached_text_embeds(data.text_encoder, encoder, ctx.data.path)
+        self.heldout = ctx.heldout  # default prompts: held-out captions (with their labels and directions)
+        # (a cache is checked when its first preview is made: sampling a finished run must not need its data)
+        if cfg.conditioning == "text" and not cfg.sample_prompts and data.kind != "tokens":
+            if self.heldout is None or "text" not in self.heldout.conditions(1):
+                raise ValueError("model.sample_prompts: the data has no held-out captions for the preview grids and "
+                                 "evaluation; set prompts, e.g. --set 'model.sample_prompts=[\"a photo of a dog\"]'")
 
     # ------------------------------------------------------------------------------------------ for subclasses
     def build_model(self, ctx: BuildContext, source: str, text_dim: int) -> MaskTransformer:
@@ -77,14 +77,6 @@ class MaskedTokenTask(Task):
         codec, _ = ctx.codecs["model.tokens.tokenizer"]
         return codec, f"the tokenizer {cfg.tokens.tokenizer}"
 
-    prompt_source = "shapes"  # the built-in data whose held-out captions (and labels) are the default prompts
-
-    def _shapes_data(self, data: DataConfig) -> dict[str, Any] | None:
-        """The data section of the built-in shapes data the run trains on (directly or through a cache), else None
-        (also when sampling a finished run whose cache is gone: then it is restored from the checkpoint)."""
-        images = image_data(data)
-        return images.model_dump(mode="json") if images is not None and images.source == self.prompt_source else None
-
     def ema_module(self) -> nn.Module:
         return self.model
 
@@ -103,13 +95,6 @@ class MaskedTokenTask(Task):
         super().train(mode)
         self.token_codec.eval()
         return self
-
-    def state_for_checkpoint(self) -> dict[str, Any]:
-        return {"prompt_data": self.prompt_data}
-
-    def load_state_from_checkpoint(self, state: dict[str, Any]) -> None:
-        if state.get("prompt_data") is not None:
-            self.prompt_data = state["prompt_data"]
 
     # ------------------------------------------------------------------------------------------ conditioning
     def context(self, cond: dict[str, Any], drop: Tensor, text_key: str = "text",
@@ -193,8 +178,8 @@ class MaskedTokenTask(Task):
 
     # ------------------------------------------------------------------------------------------ sampling
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
-        """Prompts (--prompt, --prompts, model.sample_prompts, else held-out shapes captions with their labels),
-        or labels (--label, else every class in turn)."""
+        """Prompts (--prompt, --prompts, model.sample_prompts, else the held-out captions with their labels and
+        directions, as the data hands them), or labels (--label, else every class in turn)."""
         device = generator.device
         if self.cfg.conditioning == "class":
             return class_conditions(n, self.num_classes, opts.get("label"), device)
@@ -208,24 +193,15 @@ class MaskedTokenTask(Task):
         cond: dict[str, Any] = {}
         if prompts:
             cond["text"] = [prompts[i % len(prompts)] for i in range(n)]
-        elif self.prompt_data is not None:
-            cond.update({k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.heldout_captions(n).items()})
         else:
-            raise ValueError("no prompts: pass --prompt or --prompts FILE, or set model.sample_prompts")
+            held = self.heldout.conditions(n) if self.heldout is not None else {}
+            if "text" not in held:
+                raise ValueError("no prompts: the data has no held-out captions; pass --prompt or --prompts FILE, or "
+                                 "set model.sample_prompts")
+            cond.update({k: v.to(device) if isinstance(v, Tensor) else v for k, v in held.items()})
         if opts.get("negative_prompt"):
             cond["negative_text"] = [opts["negative_prompt"]] * n
         return Batch(**cond)
-
-    def heldout_captions(self, n: int) -> dict[str, Any]:
-        """Captions (`text`) and labels (`label`, and for clips `direction`) of the first `n` held-out shapes images or
-        clips (a seed the training set never uses)."""
-        dataset = build_dataset(DataConfig.model_validate(self.prompt_data), split="val", flip=False)
-        samples = [dataset[i % len(dataset)] for i in range(n)]
-        cond: dict[str, Any] = {"text": [s["text"] for s in samples]}
-        for key in ("label", "direction"):
-            if key in samples[0]:
-                cond[key] = torch.tensor([s[key] for s in samples])
-        return cond
 
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
         c = self.cfg

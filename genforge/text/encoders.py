@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from genforge.core.errors import ConfigError
 from genforge.core.files import file_sha256
 from genforge.text.base import TextEncoder, pad_rows, trim_rows
 from genforge.text.config import TextEncoderConfig
@@ -192,9 +193,24 @@ def build_text_encoder(cfg: TextEncoderConfig, memo: bool = True) -> TextEncoder
 
 def attach_text_encoder(owner: nn.Module, name: str, encoder: TextEncoder) -> None:
     """Set `owner.<name> = encoder`: a trainable encoder as a submodule (trained, checkpointed, averaged by
-    EMA); a frozen one as a plain attribute outside the module tree, so that its weights (GBs for T5-XXL) stay
-    out of owner's state_dict, parameters() and `.to()` — run it with `encoder.encode_on(texts, device)`."""
+    EMA); a frozen one held by `Frozen` (genforge.nn.frozen), outside the module tree, so that its weights (GBs for
+    T5-XXL) stay out of owner's state_dict, parameters() and `.to()`: run it with `encoder.encode_on(texts, device)`."""
     if encoder.trainable:
         owner.add_module(name, encoder)
     else:
         setattr(owner, name, Frozen(encoder))
+
+
+def use_cached_text_embeds(cached: str | None, encoder: TextEncoder, path: str | None) -> bool:
+    """Whether a family should take `text_embed` / `text_mask` from the batches instead of encoding `text`: the
+    data is a cache (at `path`) whose embeddings `encoder` wrote (`cached`: the fingerprint of the encoder that wrote
+    them, DataInfo.text_encoder). False when there are none or the encoder is trainable; a ConfigError when another
+    frozen encoder wrote them."""
+    if cached is None or encoder.trainable:
+        return False
+    if cached != encoder.fingerprint():
+        raise ConfigError(f"the text embeddings in the cache {path} were written by another text encoder than the "
+                          f"configured one:\n  cache:      {cached}\n  configured: {encoder.fingerprint()}"
+                          f"\nre-encode the cache with the configured encoder (genforge encode ... --text-encoder "
+                          f"{encoder.kind}) or configure model.text to match it")
+    return True

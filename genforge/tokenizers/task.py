@@ -22,9 +22,7 @@ from torch import Tensor, nn
 
 from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
-from genforge.core.task import Batch, Task
-from genforge.data.loader import heldout_batches
-from genforge.data.previews import interleave_rows
+from genforge.core.task import Batch, Task, interleave_rows
 from genforge.nn.perceptual import PerceptualLoss
 from genforge.nn.discriminator import PatchDiscriminator, adaptive_weight, hinge_discriminator_loss, r1_penalty
 from genforge.tokenizers.config import TokenizerConfig
@@ -40,7 +38,7 @@ class TokenizerTask(Task):
     def __init__(self, cfg: TokenizerConfig, ctx: BuildContext) -> None:
         super().__init__()
         self.cfg = cfg
-        self.data_cfg = ctx.data
+        self.heldout = ctx.heldout  # the held-out images or clips previews reconstruct
         self.image_channels = ctx.info.channels
         self.field = "video" if ctx.info.kind == "video" else "image"  # the batch field the codec reconstructs
         self.perceptual = None
@@ -147,10 +145,9 @@ class TokenizerTask(Task):
     # ----------------------------------------------------------------------------------- previews
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
         """The first `n` held-out images or clips (the same ones every time, so previews are comparable)."""
-        images = next(heldout_batches(self.data_cfg, n, n, self.field), None)
-        if images is None:
-            raise ValueError(f"no readable held-out {self.field}s to reconstruct")
-        return Batch({self.field: images.to(generator.device)})
+        if self.heldout is None:
+            raise ValueError(f"no held-out {self.field}s to reconstruct (the task was built without data)")
+        return Batch({self.field: self.heldout.samples(n)[self.field].to(generator.device)})
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:

@@ -13,7 +13,9 @@ from genforge.app.config import load_config
 from genforge.app.encode import encode_dataset
 from genforge.data.cache import MANIFEST, CacheDataset, CacheError, read_manifest
 from genforge.data.images import flip_drawn
-from genforge.data.text_embeds import CAPTIONS_FILE, EMBEDS_FILE, use_cached_text_embeds
+from genforge.core.errors import ConfigError
+from genforge.data.text_embeds import CAPTIONS_FILE, EMBEDS_FILE
+from genforge.text.encoders import use_cached_text_embeds
 from genforge.app.runs import load_codec
 from genforge.text import TextEncoderConfig, build_text_encoder
 
@@ -62,10 +64,11 @@ def test_distinct_captions_stored_once_and_equal_to_a_fresh_encode(tmp_path, fak
 def test_family_check_refuses_embeddings_of_another_encoder(tmp_path, fake_tokenizer):
     manifest = _encode(fake_tokenizer(tmp_path / "tok"), tmp_path / "cache", flip=False)
     data = manifest.data_info()
-    assert use_cached_text_embeds(data, build_text_encoder(TEXT), str(tmp_path / "cache"))
-    assert not use_cached_text_embeds(data, build_text_encoder(TextEncoderConfig(kind="tiny")), None)
-    with pytest.raises(CacheError, match="written by another text encoder") as refused:
-        use_cached_text_embeds(data, build_text_encoder(TextEncoderConfig(max_length=32)), str(tmp_path / "cache"))
+    assert use_cached_text_embeds(data.text_encoder, build_text_encoder(TEXT), str(tmp_path / "cache"))
+    assert not use_cached_text_embeds(data.text_encoder, build_text_encoder(TextEncoderConfig(kind="tiny")), None)
+    with pytest.raises(ConfigError, match="written by another text encoder") as refused:
+        use_cached_text_embeds(data.text_encoder, build_text_encoder(TextEncoderConfig(max_length=32)),
+                               str(tmp_path / "cache"))
     assert "max_length=16" in str(refused.value) and "max_length=32" in str(refused.value)
     assert CacheDataset(tmp_path / "cache")[0]["text_embed"].shape[-1] == 384
     (tmp_path / "cache" / EMBEDS_FILE).write_bytes(b"torn")

@@ -15,9 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from genforge.core.family import BuildContext
-from genforge.core.task import Batch, Task
-from genforge.data.loader import heldout_batch, image_data
-from genforge.data.previews import interleave_rows
+from genforge.core.task import Batch, Task, interleave_rows
 from genforge.diffusion import SAMPLERS, GaussianDiffusion
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
@@ -40,7 +38,8 @@ class Dalle2DecoderTask(Task):
 
     def __init__(self, cfg: Dalle2DecoderConfig, ctx: BuildContext) -> None:
         super().__init__()
-        self.cfg, self.data_cfg = cfg, ctx.data
+        self.cfg = cfg
+        self.heldout = ctx.heldout  # the held-out images whose variations previews and evaluation make
         self.channels = ctx.info.channels
         self.embedder: nn.Module | None = None  # a frozen ImageEmbedder (genforge.core.codec); None: the data's
         if cfg.embedder.source == "clip_run":
@@ -158,7 +157,9 @@ class Dalle2DecoderTask(Task):
             cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])
         else:
             # evenly spread over the held-out split (a folder lists its classes in turn); a cache: its images'
-            cond = heldout_batch(image_data(self.data_cfg) or self.data_cfg, n, spread=True)
+            if self.heldout is None:
+                raise ValueError("no held-out images to make variations of: pass --image or --prompt")
+            cond = self.heldout.samples(n, spread=True)
             cond = {k: v for k, v in cond.items() if k in ("image", "label", "text", "image_embed")}
             if len(cond["image"]) < n:  # a small held-out split: cycle through it
                 index = torch.arange(n) % len(cond["image"])

@@ -22,12 +22,11 @@ from torch import Tensor
 
 from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
-from genforge.core.task import Batch
+from genforge.core.task import Batch, interleave_rows
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.dvae.config import DVAEConfig
 from genforge.families.dvae.model import DiscreteVAE
 from genforge.nn.sampling import gumbel
-from genforge.data.previews import interleave_rows
 from genforge.tokenizers.task import TokenizerTask
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 from genforge.core.config import DataConfig
-from genforge.data.loader import image_data
 from genforge.masked.config import MaskedTokenConfig
 
 
@@ -22,12 +21,6 @@ class MaskGITConfig(MaskedTokenConfig):
         if not tokenizer:  # the stand-in's grid and vocabulary are known now; a tokenizer's once it is loaded
             self.check_tokens(data.image_size, self.tokens.factor, self.tokens.levels**3,
                               "model.tokens.factor", "model.tokens.levels")
-        images = image_data(data)  # None: a cache whose manifest is not readable (yet)
-        on_shapes = images is None or images.source == "shapes"
-        if self.conditioning == "text" and not self.sample_prompts and not on_shapes:
-            raise ValueError("model.sample_prompts: a text-conditioned model on data other than shapes needs prompts "
-                             "for its preview grids and evaluation, e.g. --set 'model.sample_prompts=[\"a photo of "
-                             "a dog\"]'")
 
     def check_tokens(self, image_size: int, downsample: int, codebook_size: int, downsample_source: str,
                      codebook_source: str) -> None:

@@ -12,15 +12,12 @@ from torch import Tensor
 
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch
-from genforge.data.loader import image_data
 from genforge.families.phenaki.model import VideoMaskTransformer
 from genforge.masked.task import MaskedTokenTask
 
 
 class PhenakiTask(MaskedTokenTask):
     """Phenaki's text-to-video transformer over the t×h×w ids of clips of data.video.num_frames frames."""
-
-    prompt_source = "moving_shapes"
 
     def build_model(self, ctx: BuildContext, source: str, text_dim: int) -> VideoMaskTransformer:
         cfg, codec = self.cfg, self.token_codec
@@ -29,7 +26,7 @@ class PhenakiTask(MaskedTokenTask):
             raise ValueError(f"model.tokens: {source} is an image tokenizer; phenaki needs a video tokenizer (a "
                              "cvivit run)")
         self.temporal_downsample = int(temporal)
-        clips = image_data(ctx.data) or ctx.data  # a video token cache: the clips it was encoded from
+        clips = ctx.pixels  # a video token cache: the clips it was encoded from
         self.frames, self.grid = cfg.check_tokens(clips, int(codec.downsample), self.temporal_downsample,
                                                   self.codebook_size, source)
         self.num_frames = clips.video.num_frames
