@@ -5,17 +5,22 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
+import typing
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import typer
+from pydantic import ValidationError
+from typer.core import TyperCommand
 
 from genforge.app.config import ConfigError, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
-from genforge.app.runs import build_task, count_parameters, load_codec, load_run, make_trainer, missing_inputs
+from genforge.app.runs import (FamilyOption, LoadedRun, build_task, count_parameters, family_sample_options, load_codec,
+                               load_run, make_trainer, missing_inputs, run_family)
 from genforge.data.cache import MANIFEST, manifest_summary
 from genforge.data.images import center_crop_resize, load_rgb, to_tensor
 from genforge.data.moving_shapes import write_moving_shapes_folder, write_moving_shapes_shards
@@ -104,8 +109,99 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-@app.command()
+class FamilyOptionsCommand(TyperCommand):
+    """`sample` and `eval`: besides their own options, the sampling options the families declare
+    (FamilyConfig.sample_options), parsed from the arguments typer leaves (`ctx.args`) by `_family_options`. --help
+    lists those of the run named among the arguments, or without one every family's, each naming its families."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        self.family = next((f for f in (run_family(a) for a in args if not a.startswith("-")) if f), None)
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        super().format_help(ctx, formatter)
+        family = getattr(self, "family", None)
+        rows = [(option, _flag_usage(option)) for option in _command_options(self.name)
+                if family is None or family in option.families]
+        if not rows:
+            return
+        width = max(len(usage) for _, usage in rows) + 2
+        lines = [f"Options of {family!r} models:" if family else "Options of the families (named in brackets):"]
+        for option, usage in rows:
+            text = (option.field.description or "") + ("" if family else f" [{', '.join(option.families)}]")
+            wrapped = textwrap.wrap(text, 118 - width) or [""]
+            lines += [f"  {usage:<{width}}{wrapped[0]}"] + [" " * (width + 2) + more for more in wrapped[1:]]
+        typer.echo("\n".join(lines))
+
+
+def _command_options(command: str | None) -> list[FamilyOption]:
+    """The family options a command takes: all for sample, those marked `eval` for eval."""
+    return [option for option in family_sample_options() if command != "eval" or option.for_eval]
+
+
+def _is_flag(option: FamilyOption) -> bool:
+    return bool in typing.get_args(option.field.annotation) or option.field.annotation is bool
+
+
+def _flag_usage(option: FamilyOption) -> str:
+    """`--name TYPE` (`--name / --no-name` for a flag) for --help."""
+    flag = "--" + option.name.replace("_", "-")
+    if _is_flag(option):
+        return f"{flag} / --no-{flag[2:]}"
+    kinds = [t.__name__.upper() for t in typing.get_args(option.field.annotation) if t is not type(None)]
+    return f"{flag} {'IMAGE' if option.read == 'image' else 'FILE' if option.read else (kinds or ['VALUE'])[0]}"
+
+
+def _family_options(ctx: typer.Context, run: LoadedRun) -> dict[str, Any]:
+    """The family options among the arguments typer left (`--name VALUE`, `--name=VALUE`, `--flag/--no-flag`),
+    validated by the run's family's options model (exit 2 naming the flag); files named by `read: image` / `read:
+    lines` options are read (an image tensor, a list of prompts)."""
+    family = run.config.model.family
+    known = {option.name: option for option in _command_options(ctx.command.name)}
+    args, given = list(ctx.args), {}
+    while args:
+        token = args.pop(0)
+        if not token.startswith("--"):
+            _fail(f"unexpected argument {token!r}")
+        name, _, value = token[2:].partition("=")
+        negated = name.startswith("no-") and name[3:].replace("-", "_") in known
+        key = (name[3:] if negated else name).replace("-", "_")
+        option = known.get(key)
+        if option is None:
+            _fail(f"--{name}: no such option (see genforge {ctx.command.name} RUN_DIR --help)")
+        if family not in option.families:
+            _fail(f"--{name} does not apply to a {family!r} model (it is an option of {', '.join(option.families)} "
+                  "models)")
+        if _is_flag(option):
+            given[key] = not negated
+        elif value or "=" in token:
+            given[key] = value
+        elif args:
+            given[key] = args.pop(0)
+        else:
+            _fail(f"--{name} needs a value")
+    try:
+        options = run.config.model.sample_options.model_validate(given)
+    except ValidationError as err:
+        error = err.errors()[0]
+        _fail(f"--{str(error['loc'][0]).replace('_', '-')} {given.get(str(error['loc'][0]))!r}: {error['msg']}")
+    values: dict[str, Any] = {}
+    for key in given:
+        value, option, flag = getattr(options, key), known[key], "--" + key.replace("_", "-")
+        if option.read == "image":
+            value = _read_image(Path(value), run.config.data.image_size, flag)
+        elif option.read == "lines":
+            value = _read_prompts(Path(value), flag)
+        values[key] = value
+    return values
+
+
+FAMILY_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}  # family options reach ctx.args
+
+
+@app.command(cls=FamilyOptionsCommand, context_settings=FAMILY_ARGS)
 def sample(
+    ctx: typer.Context,
     run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
     n: Annotated[Optional[int], typer.Option(min=1, help="number of samples (default: 16, or one per line of "
                                                          "--prompts)")] = None,
@@ -123,38 +219,23 @@ def sample(
                                                                 "unconditional branch)")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="text file, one prompt per line; samples cycle through "
                                                          "them")] = None,
-    image: Annotated[Optional[Path], typer.Option(help="an image file whose variations to make (dalle2_decoder)")]
-    = None,
-    start_stage: Annotated[Optional[int], typer.Option(min=1, help="cascades: the first stage to run (a later one "
-                                                                   "upsamples --image)")] = None,
-    stop_stage: Annotated[Optional[int], typer.Option(min=1, help="cascades: the last stage to run")] = None,
-    frames: Annotated[Optional[int], typer.Option(min=1, help="video models: frames per clip (default: the "
-                                                              "training clips')")] = None,
-    story: Annotated[Optional[Path], typer.Option(help="video models: text file, one prompt per line; each sample is "
-                                                       "one story, a clip per prompt continuing the last")] = None,
-    critic: Annotated[Optional[bool], typer.Option("--critic/--no-critic", help="masked-token models with a token "
-                                                   "critic: decode with it or not (default: model.critic.sample)")]
-    = None,
 ) -> None:
     """Write a PNG grid of samples (a GIF or MP4 of clips for video models) from the run's EMA weights, and the
-    prompts, one per cell, beside it."""
+    prompts, one per cell, beside it. Besides these options, each family has its own (`genforge sample RUN_DIR
+    --help` lists those of the run's family)."""
     prompt_list = _read_prompts(prompts) if prompts is not None else None
     if prompt is not None and prompt_list is not None:
         _fail("--prompt and --prompts: give one of them")
-    for source in [p for p in (prompts, story) if p is not None and out is not None]:
+    run, device = _open_run(run_dir)
+    extra = _family_options(ctx, run)
+    read_files = [Path(a) for a in ctx.args if Path(a).is_file()]  # --prompts and family options' files
+    for source in [p for p in [prompts, *read_files] if p is not None and out is not None]:
         if out.with_suffix(".txt").resolve() == source.resolve():  # the captions are written beside the output
             _fail(f"--out {out}: its captions file {out.with_suffix('.txt')} would overwrite {source}; choose "
                   "another --out")
-    run, device = _open_run(run_dir)
     text = prompt is not None or prompt_list is not None or negative_prompt is not None
     if text and not run.config.model.takes_prompts():
         _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
-    extra = {"image": image, "start_stage": start_stage, "stop_stage": stop_stage, "frames": frames,
-             "story": _read_prompts(story, "--story") if story is not None else None, "critic": critic}
-    for name in [k for k, v in extra.items() if v is not None and k not in run.config.model.sample_options]:
-        _fail(f"--{name.replace('_', '-')} does not apply to a {run.config.model.family!r} model")
-    if image is not None:
-        extra["image"] = _read_image(image, run.config.data.image_size)
     n = n or (len(prompt_list) if prompt_list else 16)
     opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale, "label": label,
                               "prompt": prompt, "prompts": prompt_list, "negative_prompt": negative_prompt,
@@ -168,19 +249,19 @@ def sample(
         path = write_samples(run.task, cond, images, out or default)
     except ConfigError as err:  # an --out suffix no writer has, or one that cannot show these outputs
         _fail(str(err))
-    settings = run.task.sampler_settings(**{k: v for k, v in opts.items() if k != "image"})
+    settings = run.task.sampler_settings(**{k: v for k, v in opts.items() if not isinstance(v, torch.Tensor)})
     typer.echo(f"wrote {n} samples ({json.dumps(settings)}) to {path}")
     if "text" in cond:
         typer.echo(f"prompts, one per cell in reading order: {path.with_suffix('.txt')}")
 
 
-def _read_image(path: Path, size: int) -> torch.Tensor:
+def _read_image(path: Path, size: int, option: str = "--image") -> torch.Tensor:
     """An image file as [1, 3, size, size] in [-1, 1], resized and center-cropped like training images (exit 2 when
     unreadable)."""
     try:
         return to_tensor(np.asarray(center_crop_resize(load_rgb(path), size)))[None]
     except (OSError, ValueError) as err:
-        _fail(f"--image {path}: cannot read it as an image ({err})")
+        _fail(f"{option} {path}: cannot read it as an image ({err})")
 
 
 def _read_prompts(path: Path, option: str = "--prompts") -> list[str]:
@@ -195,8 +276,9 @@ def _read_prompts(path: Path, option: str = "--prompts") -> list[str]:
     return prompts
 
 
-@app.command("eval")
+@app.command("eval", cls=FamilyOptionsCommand, context_settings=FAMILY_ARGS)
 def evaluate(
+    ctx: typer.Context,
     run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
     metrics: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. judge,fid,kid,is,prdc")] = None,
     n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of generated samples (-n under "
@@ -214,18 +296,14 @@ def evaluate(
     = None,
     i3d_weights: Annotated[Optional[str], typer.Option(help="TorchScript I3D (StyleGAN-V's i3d_torchscript.pt) for "
                                                             "metric fvd; default: eval.i3d_weights")] = None,
-    critic: Annotated[Optional[bool], typer.Option("--critic/--no-critic", help="masked-token models with a token "
-                                                   "critic: decode with it or not (default: model.critic.sample)")]
-    = None,
 ) -> None:
-    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch)."""
+    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch). Sampling options
+    of the run's family that apply to evaluation are listed by `genforge eval RUN_DIR --help`."""
     _join_process_group()
     run, device = _open_run(run_dir)
     names = metrics.split(",") if metrics else run.config.eval.metrics
-    opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale,
-                              "critic": critic}.items() if v is not None}
-    if critic is not None and "critic" not in run.config.model.sample_options:
-        _fail(f"--critic/--no-critic does not apply to a {run.config.model.family!r} model")
+    opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale}.items() if v is not None}
+    opts.update(_family_options(ctx, run))
     try:
         run.config.eval.ref = ref or run.config.eval.ref
         run.config.eval.is_weights = is_weights or run.config.eval.is_weights

@@ -11,13 +11,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import yaml
+from pydantic.fields import FieldInfo
 from torch import nn
 
 from genforge.app.config import RunConfig, load_config, to_yaml
 from genforge.core.codec import CODE_KINDS, CodecInfo, codec_kind
 from genforge.core.config import ConfigError
 from genforge.core.files import file_sha256
-from genforge.core.family import BuildContext
+from genforge.core.family import BuildContext, canonical_family
 from genforge.core.registry import FAMILIES
 from genforge.core.task import Task
 from genforge.data.base import DataInfo
@@ -59,6 +61,47 @@ def missing_inputs(cfg: RunConfig) -> list[str]:
         if not (Path(run.path) / "checkpoints" / "latest").is_file():
             missing.append(f"{field}={run.path} (a trained run)")
     return missing
+
+
+def run_family(run_dir: Path | str) -> str | None:
+    """The family of the run in `run_dir` (its config.yaml's model.family, a former name resolved), None when it is
+    not a readable run directory. Reads nothing but that one key: the CLI asks it before parsing its options."""
+    try:
+        raw = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+        family = canonical_family(str(raw["model"]["family"]))
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return family if family in FAMILIES else None
+
+
+@dataclass(frozen=True)
+class FamilyOption:
+    """A sampling option some families declare (FamilyConfig.sample_options): its field name, the pydantic field,
+    and the families that have it."""
+
+    name: str
+    field: FieldInfo
+    families: tuple[str, ...]
+
+    @property
+    def read(self) -> str | None:
+        """"image" or "lines" when the value names a file the CLI reads (SampleOptions)."""
+        return (self.field.json_schema_extra or {}).get("read")
+
+    @property
+    def for_eval(self) -> bool:
+        """Whether `genforge eval` takes it too."""
+        return bool((self.field.json_schema_extra or {}).get("eval"))
+
+
+def family_sample_options() -> list[FamilyOption]:
+    """Every sampling option the registered families declare, once each, in registration order."""
+    found: dict[str, FamilyOption] = {}
+    for family, spec in FAMILIES.items():
+        for name, field in spec.config.sample_options.model_fields.items():
+            known = found.get(name)
+            found[name] = FamilyOption(name, field, (known.families if known else ()) + (family,))
+    return list(found.values())
 
 
 def count_parameters(task: Task) -> dict[str, int]:

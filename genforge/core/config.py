@@ -13,6 +13,7 @@ from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
 __all__ = ["ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig", "PhaseConfig",
+           "SampleOptions",
            "ShapesConfig", "StrictModel", "TrainConfig"]
 
 
@@ -236,6 +237,17 @@ class LogConfig(StrictModel):
     progress: bool = True
 
 
+class SampleOptions(StrictModel):
+    """The `genforge sample` options a family adds to the common ones (--steps, --sampler, --cfg-scale, --label,
+    --prompt, ...), declared as typed fields (`FamilyConfig.sample_options`). The CLI makes one flag of each field
+    (start_stage -> --start-stage; a bool -> --name/--no-name), shows those of a run's family in `genforge sample RUN
+    --help`, validates what was given with this model and hands the values set to the task's `sample_conditions`,
+    `sample` and `sampler_settings` as keyword arguments. A field's `json_schema_extra` may say `read: image` (the value
+    names an image file, read and resized like the training images: a tensor [1, C, S, S] in [-1, 1] reaches the task)
+    or `read: lines` (a text file: its non-empty lines reach the task as a list), and `eval: true` (`genforge eval`
+    takes it too)."""
+
+
 class FamilyConfig(StrictModel):
     """Base of every family's `model` section. A family's subclass sets `family` to a Literal of its name (the tag
     RunConfig's union discriminates on) and says which metrics apply to it through `roles`: a metric applies when
@@ -244,8 +256,7 @@ class FamilyConfig(StrictModel):
     family: str
     default_metrics: ClassVar[tuple[str, ...]] = ()
     roles: ClassVar[tuple[str, ...]] = ("generator",)  # tokenizers: ("tokenizer",), discrete ones + "discrete"
-    sample_options: ClassVar[tuple[str, ...]] = ()  # `genforge sample` options beyond the common ones that its
-    # Task.sample understands: "image" (--image), "start_stage", "stop_stage" (cascades)
+    sample_options: ClassVar[type[SampleOptions]] = SampleOptions  # its own `genforge sample` options
 
     def takes_prompts(self) -> bool:
         """Whether `genforge sample --prompt` applies (text-conditioned models)."""

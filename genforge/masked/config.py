@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
-from genforge.core.config import FamilyConfig, StrictModel
+from genforge.core.config import FamilyConfig, SampleOptions, StrictModel
 from genforge.tokenizers.inputs import TokenInputConfig
 from genforge.text.config import TextEncoderConfig
 
@@ -26,12 +26,19 @@ class TokenCriticConfig(StrictModel):
     sample: bool = Field(True, description="decode with the critic (genforge sample/eval --critic/--no-critic)")
 
 
+class MaskedSampleOptions(SampleOptions):
+    """Sampling options of the masked-token generators."""
+
+    critic: bool | None = Field(None, description="with a token critic (model.critic): decode with it or not "
+                                                  "(default: model.critic.sample)", json_schema_extra={"eval": True})
+
+
 class MaskedTokenConfig(FamilyConfig):
     """The masked-token transformer (MUSE base, Chang et al. 2023), MaskGIT's objective and decoding (Chang et al.
     2022), and the conditioning with dropout for classifier-free guidance: what maskgit and phenaki share."""
 
     default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
-    sample_options: ClassVar[tuple[str, ...]] = ("critic",)
+    sample_options: ClassVar[type[SampleOptions]] = MaskedSampleOptions
     tokens: TokenInputConfig
     codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
                                                                "size (default: taken from it)")
@@ -56,7 +63,7 @@ class MaskedTokenConfig(FamilyConfig):
     choice_temperature: float = Field(4.5, ge=0.0, description="Gumbel noise on the confidences, annealed "
                                                                "linearly to 0 (MaskGIT's re-masking)")
     sample_prompts: list[str] | None = Field(None, description="prompts of preview grids and of evaluation without "
-                                                                "--prompt (default for shapes data: held-out captions)")
+                                                                "--prompt (default: the data's held-out captions)")
     critic: TokenCriticConfig | None = Field(None, description="an optional token critic, trained as the phase "
                                                                "`critic` (Token-Critic)")
     train_phases: list[Literal["main", "critic"]] | None = Field(

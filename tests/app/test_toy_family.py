@@ -1,6 +1,7 @@
 """Adding a family is adding a folder: the toy family of tests/app/toy_family registers itself on import and then
 trains, resumes and samples through the unchanged engine and CLI, and `genforge presets` lists its preset."""
 
+import importlib
 import json
 
 import pytest
@@ -18,8 +19,9 @@ runner = CliRunner()
 
 @pytest.fixture
 def toy():
-    import app.toy_family  # noqa: F401  (registers the family)
-
+    module = importlib.import_module("app.toy_family")  # registers the family on first import
+    if "toy" not in FAMILIES:  # unregistered by an earlier test: register it again
+        importlib.reload(module)
     yield
     FAMILIES.unregister("toy")
 
@@ -47,6 +49,26 @@ def test_a_family_in_its_own_folder_trains_resumes_and_samples(toy, tmp_path):
     sampled = runner.invoke(app, ["sample", str(tmp_path / "straight"), "--n", "4", "--out", str(tmp_path / "s.png")])
     assert sampled.exit_code == 0, sampled.output
     assert (tmp_path / "s.png").is_file()
+
+
+def test_a_family_declares_its_own_sampling_option(toy, tmp_path):
+    """The toy's `noise_scale` (ToySampleOptions, in its folder only) is a flag of `genforge sample RUN --help`,
+    is validated (exit 2 naming it) and reaches its task; other families' flags are refused naming the family."""
+    run = tmp_path / "toy"
+    assert runner.invoke(app, ["train", "toy-debug", "--run-dir", str(run)]).exit_code == 0
+    shown = runner.invoke(app, ["sample", str(run), "--help"])
+    assert shown.exit_code == 0 and "Options of 'toy' models" in shown.output and "--noise-scale" in shown.output
+    assert "--story" not in shown.output  # phenaki's, not the toy's
+    outputs = {}
+    for name, extra in [("default", []), ("scaled", ["--noise-scale", "0.01"]), ("again", ["--noise-scale=0.01"])]:
+        done = runner.invoke(app, ["sample", str(run), "--n", "2", "--out", str(tmp_path / f"{name}.png"), *extra])
+        assert done.exit_code == 0, done.output
+        outputs[name] = (tmp_path / f"{name}.png").read_bytes()
+    assert outputs["scaled"] != outputs["default"] and outputs["scaled"] == outputs["again"]
+    bad = runner.invoke(app, ["sample", str(run), "--noise-scale", "-1"])
+    assert bad.exit_code == 2 and "--noise-scale" in bad.output and "greater than 0" in bad.output
+    foreign = runner.invoke(app, ["sample", str(run), "--frames", "9"])
+    assert foreign.exit_code == 2 and "--frames does not apply to a 'toy' model" in foreign.output
 
 
 def test_an_unregistered_family_is_a_clear_config_error(tmp_path):

@@ -14,6 +14,7 @@ from genforge.text import (
     attach_text_encoder,
     build_text_encoder,
 )
+from genforge.nn.frozen import Frozen
 from genforge.text.tiny import byte_tokenize
 
 MAX_LENGTH = 16
@@ -226,7 +227,7 @@ def test_memo_refuses_a_trainable_encoder():
 def test_attach_keeps_frozen_encoders_out_of_the_module_tree(checkpoints):
     owner, frozen = nn.Linear(2, 2), build_text_encoder(TextEncoderConfig(kind="t5", path=checkpoints["t5"]))
     attach_text_encoder(owner, "text", frozen)
-    assert owner.text is frozen and set(owner.state_dict()) == {"weight", "bias"}
+    assert isinstance(owner.text, Frozen) and owner.text.module is frozen and set(owner.state_dict()) == {"weight", "bias"}
     assert len(list(owner.parameters())) == 2
     embeds, mask = owner.text.encode_on(CAPTIONS, "cpu")
     assert embeds.device.type == "cpu" and embeds.shape[:2] == mask.shape

@@ -3,12 +3,13 @@ conditioned on CLIP image embeddings."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
-from genforge.core.config import DataConfig, FamilyConfig, StrictModel
+from genforge.core.config import DataConfig, FamilyConfig, SampleOptions, StrictModel
 from genforge.diffusion.config import DiffusionConfig
 from genforge.nn.unet import UNetConfig
 from genforge.text.config import TextEncoderConfig
@@ -71,13 +72,23 @@ class EmbedderConfig(StrictModel):
         return self
 
 
+class Dalle2SampleOptions(SampleOptions):
+    """The decoder's sampling options: variations of a given image, and part of the cascade."""
+
+    image: Path | None = Field(None, description="an image file whose variations to make (or which a later "
+                                                 "--start-stage upsamples)", json_schema_extra={"read": "image"})
+    start_stage: int | None = Field(None, ge=1, description="the first stage of the cascade to run (a later one "
+                                                            "upsamples --image)")
+    stop_stage: int | None = Field(None, ge=1, description="the last stage of the cascade to run")
+
+
 class Dalle2DecoderConfig(FamilyConfig):
     """The decoder cascade: `stages` from the base U-Net up, each trained as its own phase (`unet1`, `unet2`, ...)
     with its optimizer (`train.phases.unet2.lr`) and EMA; `train_unets` picks the ones this run trains."""
 
     family: Literal["dalle2_decoder"] = "dalle2_decoder"
     default_metrics: ClassVar[tuple[str, ...]] = ("fid",)
-    sample_options: ClassVar[tuple[str, ...]] = ("image", "start_stage", "stop_stage")
+    sample_options: ClassVar[type[SampleOptions]] = Dalle2SampleOptions
     stages: list[StageConfig] = Field(min_length=1)
     train_unets: list[int] | None = Field(None, description="1-based stages this run trains (DALLE2-pytorch's "
                                                             "unet_training_mask); the others stay bit-for-bit as "

@@ -3,14 +3,22 @@ the ids [t, h, w] of a C-ViViT run (or the colour stand-in), text conditioned, o
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from genforge.core.config import DataConfig
-from genforge.data.loader import image_data
-from genforge.masked.config import MaskedTokenConfig
+from genforge.core.config import DataConfig, SampleOptions
+from genforge.masked.config import MaskedSampleOptions, MaskedTokenConfig
 from genforge.tokenizers.inputs import VideoTokenInputConfig
+
+
+class PhenakiSampleOptions(MaskedSampleOptions):
+    """Phenaki's sampling options: clip length and story mode."""
+
+    frames: int | None = Field(None, ge=1, description="frames per clip (default: the training clips')")
+    story: Path | None = Field(None, description="text file, one prompt per line; each sample is one story, a clip "
+                                                 "per prompt continuing the last", json_schema_extra={"read": "lines"})
 
 
 class PhenakiConfig(MaskedTokenConfig):
@@ -19,7 +27,7 @@ class PhenakiConfig(MaskedTokenConfig):
 
     family: Literal["phenaki"] = "phenaki"
     default_metrics: ClassVar[tuple[str, ...]] = ("judge", "direction")
-    sample_options: ClassVar[tuple[str, ...]] = ("critic", "frames", "story")
+    sample_options: ClassVar[type[SampleOptions]] = PhenakiSampleOptions
     tokens: VideoTokenInputConfig
     seq_len: int | None = Field(None, gt=0, description="tokens per clip (t·h·w at data.video.num_frames); must "
                                                         "equal the tokenizer's (default: taken from it)")
@@ -32,12 +40,6 @@ class PhenakiConfig(MaskedTokenConfig):
         if self.tokens.codec != "tokenizer":  # the stand-in's layout is known now; a tokenizer's once it is loaded
             self.check_tokens(data, self.tokens.factor, self.tokens.temporal_factor, self.tokens.levels**3,
                               "model.tokens")
-        clips = image_data(data)  # a cache: the clips it was encoded from (None while its manifest is unreadable)
-        on_moving_shapes = clips is None or clips.source == "moving_shapes"
-        if self.conditioning == "text" and not self.sample_prompts and not on_moving_shapes:
-            raise ValueError("model.sample_prompts: a text-conditioned model on data other than moving_shapes needs "
-                             "prompts for its preview clips and evaluation, e.g. --set 'model.sample_prompts=[\"a "
-                             "dog running on the beach\"]'")
 
     def check_tokens(self, data: DataConfig, downsample: int, temporal_downsample: int, codebook_size: int,
                      source: str) -> tuple[int, int]:

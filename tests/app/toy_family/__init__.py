@@ -3,18 +3,26 @@ images with one convolution and samples by denoising noise: enough to train, res
 engine, and the proof that adding a family touches no file outside its folder (tests/app/test_toy_family.py)."""
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from genforge.core.config import FamilyConfig
+from genforge.core.config import FamilyConfig, SampleOptions
 from genforge.core.family import BuildContext, register_family
 from genforge.core.task import Task
 
 
+class ToySampleOptions(SampleOptions):
+    """The toy's own `genforge sample` option (the CLI makes --noise-scale of it)."""
+
+    noise_scale: float | None = Field(None, gt=0.0, description="scale of the noise the toy denoises (default: 1)")
+
+
 class ToyConfig(FamilyConfig):
     family: Literal["toy"] = "toy"
+    sample_options: ClassVar[type[SampleOptions]] = ToySampleOptions
     noise: float = 0.5
 
 
@@ -32,7 +40,8 @@ class ToyTask(Task):
 
     @torch.no_grad()
     def sample(self, cond, generator, n, **opts):
-        noise = torch.randn(n, self.net.in_channels, self.size, self.size, generator=generator)
+        scale = opts.get("noise_scale") or 1.0
+        noise = scale * torch.randn(n, self.net.in_channels, self.size, self.size, generator=generator)
         return self.net(noise.to(self.net.weight.device)).clamp(-1, 1)
 
 
