@@ -336,8 +336,8 @@ def _join_process_group() -> None:
 
 @app.command()
 def encode(
-    tokenizer: Annotated[Path, typer.Argument(help="run directory of a trained tokenizer (klvae, vqgan, dvae) or "
-                                                   "image embedder (clip)")],
+    tokenizer: Annotated[Path, typer.Argument(help="run directory of a trained tokenizer or image embedder (a run "
+                                                   "whose family has a codec)")],
     out: Annotated[Path, typer.Option(help="cache folder to write (must not exist, or be empty)")],
     data: Annotated[Optional[str], typer.Option(help="preset or YAML whose data section is encoded "
                                                      "(default: the tokenizer run's config.yaml)")] = None,

@@ -28,8 +28,20 @@ from genforge.data.loader import HeldOutData, image_data, scan_data_info
 from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, load_tensors, read_json
 from genforge.engine.trainer import Trainer, TrainingRun
 
-# what a generator of each kind of codes should be built on, for messages
-TOKENIZERS_OF = {"latent": "a klvae run", "tokens": "a vqgan or dvae run", "image_embed": "a clip run"}
+# which families' runs make each kind of codes, from the roles their configs declare (genforge.eval.metrics)
+MAKES_CODES = {"latent": lambda roles: "tokenizer" in roles and "discrete" not in roles,
+               "tokens": lambda roles: "discrete" in roles, "image_embed": lambda roles: "embedder" in roles}
+
+
+def codec_families() -> list[str]:
+    """The families whose runs hand out a codec (tokenizers and image embedders)."""
+    return [name for name, spec in FAMILIES.items() if any(makes(spec.config.roles) for makes in MAKES_CODES.values())]
+
+
+def runs_making(kind: str) -> str:
+    """'a klvae run', 'a vqgan, dvae or cvivit run', ...: runs whose codec makes `kind` codes, for messages."""
+    names = [name for name, spec in FAMILIES.items() if MAKES_CODES[kind](spec.config.roles)]
+    return "a " + (" or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]) + " run"
 
 
 @dataclass
@@ -151,7 +163,7 @@ def load_codec(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple
     family = run.config.model.family
     if codec is None:
         raise ConfigError(f"{run_dir} is a {family!r} run, not a tokenizer (its task has no codec); "
-                          "give the run directory of a klvae, vqgan or dvae run")
+                          f"give the run directory of a tokenizer ({', '.join(codec_families())})")
     kind = codec_kind(codec)
     if kind is None:
         raise ConfigError(f"{run_dir}: family {family!r} hands out a codec that is neither a LatentCodec, a "
@@ -176,7 +188,7 @@ def load_input_codec(run_dir: str, field: str, kind: str, family: str, data: Dat
         raise ConfigError(f"{field}: {err}") from None
     if info.kind != kind:
         raise ValueError(f"{field}={run_dir} is a {info.family!r} tokenizer of {CODE_KINDS[info.kind]}; "
-                         f"model.family={family} models {CODE_KINDS[kind]} (use {TOKENIZERS_OF[kind]})")
+                         f"model.family={family} models {CODE_KINDS[kind]} (use {runs_making(kind)})")
     check_cache(data, info, cache_path)
     return codec, info
 

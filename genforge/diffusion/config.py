@@ -1,20 +1,14 @@
-"""Config section of a Gaussian-diffusion objective and its sampler (used by dit, later dalle2_decoder)."""
+"""Config section of a Gaussian-diffusion objective and its sampler (used by the diffusion and dalle2_decoder
+families). It holds data; genforge.diffusion.build builds what it describes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-import torch
 from pydantic import Field, field_validator, model_validator
-from torch import Tensor
 
 from genforge.core.config import StrictModel
-from genforge.core.random import BatchRandom
-from genforge.diffusion.gaussian import LossType, MeanType, Model
-from genforge.diffusion.respace import SpacedDiffusion, create_diffusion
-from genforge.diffusion.guidance import classifier_free_guidance
-from genforge.diffusion.objectives import DDPMObjective, EDMObjective, FlowObjective, Objective
-from genforge.diffusion.samplers import SAMPLERS, SamplingProcess
+from genforge.diffusion.samplers import SAMPLERS
 
 
 class DiffusionConfig(StrictModel):
@@ -77,61 +71,6 @@ class DiffusionConfig(StrictModel):
         if self.guidance_interval is not None and not 0 <= self.guidance_interval[0] < self.guidance_interval[1]:
             raise ValueError(f"{d}.guidance_interval={list(self.guidance_interval)} must be [lo, hi] with 0 <= lo < hi")
         return self
-
-    def draw_timesteps(self, rng: BatchRandom) -> Tensor:
-        """Training timesteps long [B] in {0, …, T−1} from the batch's random stream."""
-        if self.timestep_sampling == "uniform":
-            return rng.randint(self.num_timesteps)
-        u = torch.sigmoid(self.timestep_mean + self.timestep_std * rng.randn())  # (0, 1), logit-normal
-        return (u * self.num_timesteps).long().clamp_(max=self.num_timesteps - 1)
-
-    def objective_for_training(self) -> Objective:
-        """The objective whose `training_losses` a family calls."""
-        if self.objective == "flow":
-            return FlowObjective(self.timestep_sampling, self.timestep_mean, self.timestep_std, self.flow_shift)
-        if self.objective == "edm":
-            return EDMObjective(self.sigma_data, self.p_mean, self.p_std)
-        return DDPMObjective(self.build(), self.draw_timesteps, self.min_snr_gamma)
-
-    def sampling_process(self, model: Model, model_kwargs: dict[str, Any], channels: int, clip: bool, sampler: str,
-                         steps: int, cfg_scale: float, null_kwargs: dict[str, Tensor] | None) -> SamplingProcess:
-        """What `SAMPLERS[sampler]` runs on for `steps` steps: the model, guided by `cfg_scale` against `null_kwargs`
-        (within `guidance_interval`), on the respaced chain (ddpm, ddim) or as the objective's denoiser with its σ
-        steps (σ-samplers). ValueError for a sampler the objective cannot run."""
-        entry = SAMPLERS.get(sampler, "--sampler")
-        if entry.discrete and self.objective != "ddpm":
-            raise ValueError(sampler_mismatch(sampler, self.objective))
-        objective = self.objective_for_training()
-        if cfg_scale > 1.0 and null_kwargs is not None:
-            active = None
-            if self.guidance_interval is not None:  # σ of the model's time input (the chain's: the timestep index)
-                lo, hi = self.guidance_interval
-
-                def active(t: Tensor) -> bool:
-                    return lo < objective.sigma_of_time(t[:1].float()).item() <= hi
-
-            model = classifier_free_guidance(model, cfg_scale, null_kwargs, out_channels=channels, active=active)
-        if entry.discrete:
-            return SamplingProcess(model, model_kwargs, clip, diffusion=self.model_copy(
-                update={"sampler": sampler}).build(steps))
-        denoise = objective.denoiser(model, model_kwargs, channels, clip)
-        return SamplingProcess(model, model_kwargs, clip, denoise=denoise, sigmas=objective.sigmas(steps, self.rho))
-
-    def build(self, sample_steps: int | None = None) -> SpacedDiffusion:
-        """The diffusion process; for sampling pass `sample_steps` (respaced), for training leave None."""
-        mean_type = {"eps": MeanType.EPSILON, "x0": MeanType.START_X, "v": MeanType.VELOCITY}[self.prediction]
-        loss_type = {"mse": LossType.MSE, "rescaled_mse": LossType.RESCALED_MSE, "kl": LossType.KL,
-                     "rescaled_kl": LossType.RESCALED_KL}[self.loss]
-        respacing = "" if sample_steps is None else SAMPLERS.get(self.sampler, "sampler").respacing(sample_steps)
-        return create_diffusion(
-            timestep_respacing=respacing,
-            noise_schedule=self.noise_schedule,
-            num_timesteps=self.num_timesteps,
-            mean_type=mean_type,
-            learn_sigma=self.learn_sigma,
-            loss_type=loss_type,
-            fixed_variance=self.fixed_variance,
-        )
 
 
 DDPM_DEFAULTS = {name: field.default for name, field in DiffusionConfig.model_fields.items()}

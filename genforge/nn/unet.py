@@ -283,8 +283,9 @@ class UNetConfig(StrictModel):
         """How much the coarsest level is smaller than the input: inputs must be divisible by it."""
         return 2 ** (len(self.dim_mults) - 1)
 
-    def build(self, **conditioning: int | bool) -> UNet:
-        """The U-Net of this config; `conditioning` gives in/out channels and the UNet's conditioning arguments."""
-        return UNet(dim=self.dim, dim_mults=self.dim_mults, num_res_blocks=self.num_res_blocks,
-                    attention_levels=self.attention_levels, head_dim=self.head_dim, dropout=self.dropout,
-                    **conditioning)
+
+def build_unet(cfg: UNetConfig, **conditioning: int | bool) -> UNet:
+    """The U-Net `cfg` describes; `conditioning` gives in/out channels and the UNet's conditioning arguments
+    (num_classes, image_embed_dim, ...), keyword only."""
+    return UNet(dim=cfg.dim, dim_mults=cfg.dim_mults, num_res_blocks=cfg.num_res_blocks,
+                attention_levels=cfg.attention_levels, head_dim=cfg.head_dim, dropout=cfg.dropout, **conditioning)

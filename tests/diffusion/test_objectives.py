@@ -8,6 +8,7 @@ import torch
 from genforge.core.random import BatchRandom
 from genforge.diffusion import (SAMPLERS, DDPMObjective, EDMObjective, FlowObjective, SamplingProcess,
                                 classifier_free_guidance, create_diffusion, karras_sigmas)
+from genforge.diffusion.build import sampling_process
 from genforge.diffusion.config import DiffusionConfig
 from genforge.diffusion.objectives import gaussian_denoiser
 
@@ -113,7 +114,8 @@ def test_samplers_and_objectives_that_do_not_fit_are_config_errors():
         DiffusionConfig(objective="flow", learn_sigma=False, prediction="x0", sampler="euler")
     cfg = DiffusionConfig(objective="flow", learn_sigma=False, sampler="euler")
     with pytest.raises(ValueError, match="does not work with model.diffusion.objective=flow"):
-        cfg.sampling_process(lambda x, t: x, {}, 3, True, "ddpm", 10, 1.0, None)
+        sampling_process(cfg, model=lambda x, t: x, model_kwargs={}, channels=3, clip=True, sampler="ddpm", steps=10,
+                         cfg_scale=1.0, null_kwargs=None)
 
 
 def test_objective_draws_are_split_invariant():

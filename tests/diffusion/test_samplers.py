@@ -13,6 +13,7 @@ from genforge.core.errors import ConfigError
 from genforge.data.loader import build_dataset, data_info
 from genforge.diffusion import (SAMPLERS, LossType, MeanType, Sampler, SamplingProcess, VarType,
                                 classifier_free_guidance, create_diffusion, sample_ddim, sample_ddpm)
+from genforge.diffusion.build import build_diffusion
 from genforge.diffusion.config import DiffusionConfig
 
 
@@ -79,10 +80,10 @@ def test_config_sampler_is_validated_against_the_registry():
 
 @pytest.mark.parametrize("name,steps", [("ddpm", 50), ("ddim", 50), ("ddpm", 7), ("ddim", 7)])
 def test_build_respaces_as_the_sampler_says(name, steps):
-    built = DiffusionConfig(sampler=name, num_timesteps=1000).build(steps)
+    built = build_diffusion(DiffusionConfig(sampler=name, num_timesteps=1000), sample_steps=steps)
     expected = create_diffusion("ddim" + str(steps) if name == "ddim" else str(steps))  # the old switch
     assert torch.equal(built.timestep_map, expected.timestep_map) and built.num_timesteps == steps
-    assert DiffusionConfig(sampler=name).build().num_timesteps == 1000  # training: all steps
+    assert build_diffusion(DiffusionConfig(sampler=name)).num_timesteps == 1000  # training: all steps
 
 
 # ------------------------------------------------------------------------------------ DiT's sample
@@ -138,8 +139,8 @@ def test_dit_sample_is_bit_identical_to_the_old_call_path(dit_task, name, eta):
 def test_fixed_variance_large_gives_beta_t_and_small_the_posterior_variance():
     x, t = torch.randn(4, 3, 2, 2), torch.tensor([0, 1, 37, 99])
     model = _model(3)
-    large = DiffusionConfig(num_timesteps=100, learn_sigma=False, fixed_variance="large").build()
-    small = DiffusionConfig(num_timesteps=100, learn_sigma=False).build()
+    large = build_diffusion(DiffusionConfig(num_timesteps=100, learn_sigma=False, fixed_variance="large"))
+    small = build_diffusion(DiffusionConfig(num_timesteps=100, learn_sigma=False))
     assert large.var_type == VarType.FIXED_LARGE and small.var_type == VarType.FIXED_SMALL
     out_large, out_small = large.p_mean_variance(model, x, t), small.p_mean_variance(model, x, t)
     betas = large.coefs["betas"]
@@ -172,15 +173,15 @@ def test_kl_loss_is_the_vlb_term_and_rescaled_kl_that_times_T(learn_sigma):
     x0 = torch.rand(8, 3, 4, 4) * 2 - 1
     t = torch.tensor([0, 1, 5, 20, 50, 70, 98, 99])
     noise = torch.randn_like(x0)
-    kl = DiffusionConfig(num_timesteps=T, learn_sigma=learn_sigma, loss="kl").build()
-    rescaled = DiffusionConfig(num_timesteps=T, learn_sigma=learn_sigma, loss="rescaled_kl").build()
+    kl = build_diffusion(DiffusionConfig(num_timesteps=T, learn_sigma=learn_sigma, loss="kl"))
+    rescaled = build_diffusion(DiffusionConfig(num_timesteps=T, learn_sigma=learn_sigma, loss="rescaled_kl"))
     assert kl.loss_type == LossType.KL and rescaled.loss_type == LossType.RESCALED_KL
     x_t = kl.q_sample(x0, t, noise)
     vb = kl.vb_terms_bpd(model, x0, x_t, t, clip_denoised=False)["output"]
     terms = kl.training_losses(model, x0, t, noise=noise)
     assert set(terms) == {"loss"} and torch.equal(terms["loss"], vb)
     torch.testing.assert_close(rescaled.training_losses(model, x0, t, noise=noise)["loss"], vb * T)
-    mse = DiffusionConfig(num_timesteps=T, learn_sigma=learn_sigma).build().training_losses(model, x0, t, noise=noise)
+    mse = build_diffusion(DiffusionConfig(num_timesteps=T, learn_sigma=learn_sigma)).training_losses(model, x0, t, noise=noise)
     assert "mse" in mse and not torch.equal(mse["loss"], vb)
 
 
@@ -196,6 +197,6 @@ def test_defaults_are_unchanged():
         "cfg_scale": 4.0, "objective": "ddpm", "flow_shift": 1.0, "sigma_data": 0.5, "p_mean": -1.2, "p_std": 1.2,
         "rho": 7.0, "guidance_interval": None,
     }
-    d = cfg.build()
+    d = build_diffusion(cfg)
     assert (d.var_type, d.loss_type, d.mean_type) == (VarType.LEARNED_RANGE, LossType.MSE, MeanType.EPSILON)
-    assert DiffusionConfig(learn_sigma=False).build().var_type == VarType.FIXED_SMALL
+    assert build_diffusion(DiffusionConfig(learn_sigma=False)).var_type == VarType.FIXED_SMALL

@@ -1,13 +1,14 @@
-"""Training-timestep distributions of DiffusionConfig.draw_timesteps."""
+"""Training-timestep distributions of genforge.diffusion.build.draw_timesteps."""
 
 import torch
 
+from genforge.diffusion.build import draw_timesteps
 from genforge.diffusion.config import DiffusionConfig
 from genforge.core.random import BatchRandom
 
 
 def draw(cfg: DiffusionConfig, n: int, offset: int = 0, size: int | None = None, step: int = 3) -> torch.Tensor:
-    return cfg.draw_timesteps(BatchRandom(0, step, 0, n, offset, size or n))
+    return draw_timesteps(cfg, BatchRandom(0, step, 0, n, offset, size or n))
 
 
 def test_uniform_is_the_ddpm_draw():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genforge.nn.unet import UNet, UNetConfig
+from genforge.nn.unet import UNet, UNetConfig, build_unet
 
 
 def _unet(**kwargs) -> UNet:
@@ -71,5 +71,5 @@ def test_config_checks_and_builds():
         UNetConfig(dim_mults=(1, 2), attention_levels=(2,))
     cfg = UNetConfig(dim=8, dim_mults=(1, 2, 2), attention_levels=(2,), head_dim=8)
     assert cfg.downsample == 4
-    net = cfg.build(in_channels=3, out_channels=3)
+    net = build_unet(cfg, in_channels=3, out_channels=3)
     assert net(torch.randn(1, 3, 8, 8), torch.tensor([0.0])).shape == (1, 3, 8, 8)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
-from genforge.nn.unet import UNet
+from genforge.nn.unet import UNet, build_unet
 
 
 def resize(images: Tensor, size: int) -> Tensor:
@@ -47,7 +47,7 @@ class DecoderCascade(nn.Module):
     def __init__(self, cfg: Dalle2DecoderConfig, image_embed_dim: int, text_dim: int = 0, channels: int = 3) -> None:
         super().__init__()
         self.unets = nn.ModuleList(
-            stage.unet.build(in_channels=channels, out_channels=channels * (2 if stage.diffusion.learn_sigma else 1),
+            build_unet(stage.unet, in_channels=channels, out_channels=channels * (2 if stage.diffusion.learn_sigma else 1),
                              image_embed_dim=image_embed_dim, text_dim=text_dim, lowres=i > 0)
             for i, stage in enumerate(cfg.stages))
 

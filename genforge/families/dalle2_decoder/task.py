@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, interleave_rows
-from genforge.diffusion import SAMPLERS, GaussianDiffusion
+from genforge.diffusion import GaussianDiffusion
+from genforge.diffusion.build import build_diffusion, build_objective, sample_diffusion
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
 from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
@@ -30,7 +31,7 @@ AUGMENTATION_STEPS = 1000  # the noise-augmentation schedule's steps (levels are
 
 def augmentation_process() -> GaussianDiffusion:
     """The forward process that noises an upsampler's low-resolution input (a linear 1000-step schedule)."""
-    return DiffusionConfig(num_timesteps=AUGMENTATION_STEPS, noise_schedule="linear", learn_sigma=False).build()
+    return build_diffusion(DiffusionConfig(num_timesteps=AUGMENTATION_STEPS, noise_schedule="linear", learn_sigma=False))
 
 
 class Dalle2DecoderTask(Task):
@@ -57,7 +58,7 @@ class Dalle2DecoderTask(Task):
             attach_text_encoder(self, "text_encoder", encoder)  # a trainable one trains with the first phase
             text_dim = encoder.dim
         self.cascade = DecoderCascade(cfg, embed_dim, text_dim, self.channels)
-        self.objectives = [stage.diffusion.objective_for_training() for stage in cfg.stages]
+        self.objectives = [build_objective(stage.diffusion) for stage in cfg.stages]
         self.augmentation = augmentation_process()
         self.stage_of = {f"unet{i + 1}": i for i in range(len(cfg.stages))}
         self.phases = tuple(f"unet{i + 1}" for i in cfg.trained_stages())
@@ -205,12 +206,10 @@ class Dalle2DecoderTask(Task):
                 noise = torch.randn((n, self.channels, previous, previous), generator=generator, device=generator.device)
                 level = torch.full((n,), round(stage.lowres_noise_sample * (AUGMENTATION_STEPS - 1)), device=device)
                 stage_kwargs.update(self.lowres_input(x, i, noise.to(device), level, sigma=None))
-            process = stage.diffusion.sampling_process(self.cascade[i], stage_kwargs, self.channels, True,
-                                                       s["sampler"][i], s["steps"][i], s["cfg_scale"][i], null)
-            x_T = torch.randn((n, self.channels, stage.image_size, stage.image_size), generator=generator,
-                              device=generator.device).to(device)
-            x = SAMPLERS.get(s["sampler"][i]).run(process, x_T, generator=generator,
-                                                  progress=bool(opts.get("progress")), eta=stage.diffusion.ddim_eta)
+            x = sample_diffusion(stage.diffusion, model=self.cascade[i], shape=(n, self.channels, stage.image_size,
+                                 stage.image_size), model_kwargs=stage_kwargs, null_kwargs=null, clip=True,
+                                 sampler=s["sampler"][i], steps=s["steps"][i], cfg_scale=s["cfg_scale"][i],
+                                 generator=generator, device=device, progress=bool(opts.get("progress")))
         return x.clamp(-1, 1)
 
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int | None]:

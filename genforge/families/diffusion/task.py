@@ -10,10 +10,10 @@ from torch import Tensor
 
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
-from genforge.diffusion import SAMPLERS
+from genforge.diffusion.build import build_objective, sample_diffusion
 from genforge.families.diffusion.config import DiffusionModelConfig
 from genforge.families.diffusion.dit import DiT
-from genforge.nn.unet import UNet
+from genforge.nn.unet import UNet, build_unet
 from genforge.tokenizers.standins import build_standin
 
 
@@ -32,14 +32,14 @@ class DiffusionTask(Task):
         self.model = self._build_backbone(cfg)
         # the label of the null class for classifier-free guidance: one past the real classes in both backbones
         self.null_label = self.num_classes
-        self.objective = cfg.diffusion.objective_for_training()
+        self.objective = build_objective(cfg.diffusion)
 
     def _build_backbone(self, cfg: DiffusionModelConfig) -> DiT | UNet:
         """DiT of `size` (+ overrides), or the ADM U-Net of `model.unet`: (x_t [B, C, h, w], t [B], y [B]) ->
         [B, C or 2C (learned variance), h, w]."""
         if cfg.backbone == "unet":
             out_channels = self.channels * (2 if cfg.diffusion.learn_sigma else 1)
-            return cfg.unet.build(in_channels=self.channels, out_channels=out_channels,
+            return build_unet(cfg.unet, in_channels=self.channels, out_channels=out_channels,
                                   num_classes=self.num_classes)
         return DiT(
             input_size=self.input_size,
@@ -119,11 +119,9 @@ class DiffusionTask(Task):
         if self.num_classes:
             kwargs = {"y": cond["label"].to(device)}
             null = {"y": torch.full_like(kwargs["y"], self.null_label)}
-        clip = self.latent_codec is None  # pixels live in [-1, 1]; latents have no fixed range
-        process = self.cfg.diffusion.sampling_process(self.model, kwargs, self.channels, clip, s["sampler"],
-                                                      s["steps"], s["cfg_scale"], null)
-        x_T = torch.randn(shape, generator=generator, device=generator.device).to(device)
-        x = SAMPLERS.get(s["sampler"]).run(process, x_T, generator=generator, progress=bool(opts.get("progress")),
-                                           eta=s["ddim_eta"])
+        x = sample_diffusion(self.cfg.diffusion, model=self.model, shape=shape, model_kwargs=kwargs, null_kwargs=null,
+                             clip=self.latent_codec is None,  # pixels live in [-1, 1]; latents have no fixed range
+                             sampler=s["sampler"], steps=s["steps"], cfg_scale=s["cfg_scale"], generator=generator,
+                             device=device, progress=bool(opts.get("progress")))
         images = self.latent_codec.decode(x) if self.latent_codec else x
         return images.clamp(-1, 1)
