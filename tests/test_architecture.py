@@ -1,4 +1,4 @@
-"""The package's imports run one way, down the layers of shared/DESIGN.md: every import (module level or inside a
+"""The package's imports run one way, down the layers of docs/architecture.md: every import (module level or inside a
 function; `if TYPE_CHECKING:` blocks aside, they never run) goes to a lower layer or stays inside its own package,
 no family imports another, the engine never imports a family, and there is no import cycle."""
 

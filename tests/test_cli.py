@@ -1,4 +1,4 @@
-"""The CLI end to end on tiny presets, and a frozen command surface (DESIGN.md "stable surface")."""
+"""The CLI end to end on tiny presets, and a frozen command surface (the stable surface the README and docs promise)."""
 
 import json
 import subprocess

@@ -1,4 +1,4 @@
-"""The Task contract: the whole interface a family implements (shared/DESIGN.md).
+"""The Task contract: the whole interface a family implements (docs/architecture.md, docs/adding-a-family.md).
 
 The trainer only ever calls `loss`, `sample`, `preview`, `parameters_for`, `ema_module` and the checkpoint hooks;
 it never branches on the family. A phase is a name ("main"; VQGAN: "generator", "discriminator"), each

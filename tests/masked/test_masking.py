@@ -1,4 +1,4 @@
-"""MaskGIT's mask schedule, training masks and iterative decoding (genforge/families/maskgit/masking.py)."""
+"""MaskGIT's mask schedule, training masks and iterative decoding (genforge/masked/masking.py)."""
 
 import math
 
