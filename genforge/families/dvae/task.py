@@ -4,7 +4,8 @@
     straight-through: forward one_hot(argmax y), gradient of y
     L = rec(decode_soft(y), x) + w_kl(step) · KL(q(z|x) ‖ uniform),  q = softmax(logits)
     KL = Σ_k q_k log(q_k · K), averaged over code positions and the batch (nats per position, in [0, log K])
-    τ(step) = max(temperature_min, temperature_start · exp(−anneal_rate · step))
+    τ(step): temperature_schedule, by default DALL·E's cosine from temperature_start to temperature_min over
+             temperature_anneal_steps (app. A.2: 1 -> 1/16 over 150 000 updates); DVAEConfig.temperature
     w_kl(step) = kl_weight · min(1, step / kl_warmup_steps)
 Both schedules are functions of the optimizer step; the step the next training call will be at, with τ and
 w_kl there, is the family's checkpoint state (`state_for_checkpoint`), checked on resume.
