@@ -36,6 +36,7 @@ class TokenizerTask(Task):
     """Autoencoder + optional perceptual loss + optional patch discriminator (a second phase)."""
 
     autoencoder: nn.Module
+    preview_online = True  # training previews: reconstructions by the EMA and by the online weights
 
     def __init__(self, cfg: TokenizerConfig, ctx: BuildContext) -> None:
         super().__init__()
@@ -174,5 +175,11 @@ class TokenizerTask(Task):
         return self.reconstruct(cond[self.field].to(device)).float().clamp(-1, 1)
 
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
-        """Rows of 8 originals, each followed by a row of their reconstructions (clips: an animated grid)."""
-        return interleave_rows([cond[self.field], images])
+        """Rows of 8 originals, each followed by a row of their reconstructions (clips: an animated grid): in training
+        previews the EMA weights' (`images`), then the online weights' (cond["online"], from the trainer)."""
+        return interleave_rows([cond[self.field], images, *self.online_rows(cond)])
+
+    @staticmethod
+    def online_rows(cond: Batch) -> list[Tensor]:
+        """The online weights' reconstructions the trainer adds to a training preview (none elsewhere)."""
+        return [cond["online"]] if "online" in cond else []

@@ -110,7 +110,8 @@ class DVAETask(TokenizerTask):
     @torch.no_grad()
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
         """Rows of 8 originals, each followed by their hard reconstructions (argmax codes, = `images`) and their
-        soft reconstructions (softmax(logits / τ) mixed codebook vectors)."""
+        soft reconstructions (softmax(logits / τ) mixed codebook vectors); in training previews then the hard
+        reconstructions of the online weights (cond["online"])."""
         device = next(self.autoencoder.parameters()).device
         soft = self.soft_reconstruct(cond["image"].to(device)).float().clamp(-1, 1)
-        return interleave_rows([cond["image"], images, soft])
+        return interleave_rows([cond["image"], images, soft, *self.online_rows(cond)])

@@ -239,3 +239,32 @@ def test_two_processes_match_one(tmp_path):
     # fraction of lr (1e-3); 1e-4 is 10% of one step
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-4, msg=k)
+
+
+def test_training_previews_show_the_ema_and_the_online_reconstructions(tmp_path, monkeypatch):
+    """Rows: originals, reconstructions by the EMA weights, by the online weights (muse-maskgit-pytorch's trainer
+    saves both); `genforge sample` (no online weights handed in) keeps originals and EMA reconstructions."""
+    import genforge.engine.trainer as trainer_module
+    from genforge.app.runs import make_trainer
+
+    seen = {}
+    write = trainer_module.write_samples
+    monkeypatch.setattr(trainer_module, "write_samples",
+                        lambda task, cond, images, path: seen.update(cond=dict(cond), images=images) or
+                        write(task, cond, images, path))
+    cfg = load_config("vqgan-debug", ["train.steps=2", "train.sample_every=2", "train.checkpoint_every=2",
+                                      "train.num_samples=4", "eval.every=0"])
+    trainer = make_trainer(cfg, tmp_path)
+    trainer.fit()
+    task, cond = trainer.task.eval(), seen["cond"]
+    with torch.no_grad():
+        online = task.reconstruct(cond["image"]).clamp(-1, 1)
+        with trainer.ema.swapped_in():
+            ema = task.reconstruct(cond["image"]).clamp(-1, 1)
+    assert torch.equal(cond["online"], online) and torch.equal(seen["images"], ema)
+    assert not torch.equal(online, ema)  # two steps with a warmed-up EMA decay: different weights
+    grid, nrow = task.preview(cond, seen["images"])
+    assert nrow == 4 and torch.equal(grid, torch.cat([cond["image"], ema, online]))
+    assert (tmp_path / "samples" / "step-000002.png").is_file()
+    plain, _ = task.preview({"image": cond["image"]}, ema)
+    assert torch.equal(plain, torch.cat([cond["image"], ema]))
