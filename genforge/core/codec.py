@@ -29,6 +29,14 @@ class LatentCodec(Protocol):
 
 
 @runtime_checkable
+class GaussianLatentCodec(LatentCodec, Protocol):
+    """A LatentCodec whose encoder is a diagonal Gaussian q(z|x) (klvae): `encode` is its mean, `encode_moments` its
+    mean and standard deviation in the same (scaled) latent units, so a generator can train on samples of it."""
+
+    def encode_moments(self, image: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+@runtime_checkable
 class TokenCodec(Protocol):
     """image [B, 3, H, W] in [-1, 1]  <->  token ids long [B, H / downsample, W / downsample] in [0, codebook_size)."""
 

@@ -132,8 +132,10 @@ class PhaseConfig(StrictModel):
     weight_decay: float | None = Field(None, ge=0.0)
     betas: tuple[float, float] | None = None
     warmup_steps: int | None = Field(None, ge=0, description="counted in this phase's own optimizer steps")
-    lr_schedule: Literal["constant", "cosine"] | None = None
+    lr_schedule: Literal["constant", "cosine", "exponential"] | None = None
     min_lr_ratio: float | None = Field(None, ge=0.0, le=1.0)
+    lr_decay_rate: float | None = Field(None, gt=0.0, le=1.0)
+    lr_decay_every: int | None = Field(None, ge=1)
     grad_clip: float | None = Field(None, ge=0.0)
     ema_decay: float | None = Field(None, ge=0.0, lt=1.0, description="EMA decay of the weights this phase trains")
 
@@ -147,8 +149,16 @@ class TrainConfig(StrictModel):
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = Field(0, ge=0)
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine floor as a share of lr")
+    lr_schedule: Literal["constant", "cosine", "exponential"] = Field(
+        "constant", description="after the warm-up: constant; cosine to min_lr_ratio at train.steps; exponential: "
+                                "times lr_decay_rate every lr_decay_every steps (DALLE-pytorch train_vae.py's "
+                                "ExponentialLR, gamma 0.98 stepped every 100 steps), floored at min_lr_ratio")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="floor of the cosine and exponential schedules as a "
+                                                                  "share of lr")
+    lr_decay_rate: float = Field(0.98, gt=0.0, le=1.0, description="lr_schedule=exponential: the factor of each "
+                                                                    "decay (DALLE-pytorch 0.98)")
+    lr_decay_every: int = Field(100, ge=1, description="lr_schedule=exponential: optimizer steps between decays "
+                                                       "(DALLE-pytorch 100)")
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables")
     grad_accum: int = Field(1, ge=1)
     precision: Literal["no", "bf16", "fp16"] = "no"

@@ -47,6 +47,7 @@ class Task(nn.Module):
 
     phases: tuple[str, ...] = ("main",)
     makes_samples: bool = True  # False: nothing to preview or sample (an embedding model such as clip)
+    preview_online: bool = False  # True: training previews also get sample() of the online weights, cond["online"]
 
     def phase_names(self) -> tuple[str, ...]:
         """Every phase this task can train; `phases` are those it trains in this run (a cascade trained in part).

@@ -28,15 +28,22 @@ def build_optimizer(params: Iterable[nn.Parameter], cfg: TrainConfig, device: to
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of cfg.lr at optimizer step `step`: linear warm-up, then constant or cosine decay."""
+    """Multiplier of cfg.lr at optimizer step `step`: linear warm-up, then constant, cosine decay to min_lr_ratio at
+    cfg.steps, or exponential: lr_decay_rate^⌊(step − warmup) / lr_decay_every⌋, floored at min_lr_ratio (the
+    step-wise ExponentialLR of DALLE-pytorch's train_vae.py, gamma 0.98 every 100 steps; the seed also decays once
+    after its very first step, this schedule first after lr_decay_every steps)."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.lr_schedule == "constant":
         return 1.0
+    if cfg.lr_schedule == "exponential":
+        decays = (step - cfg.warmup_steps) // cfg.lr_decay_every
+        return max(cfg.min_lr_ratio, cfg.lr_decay_rate ** decays)
     span = max(1, cfg.steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
+    """The learning-rate schedule of `cfg` (`lr_factor`) over optimizer steps."""
     return LambdaLR(optimizer, lambda step: lr_factor(step, cfg))

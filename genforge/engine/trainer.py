@@ -390,16 +390,24 @@ class Trainer:
 
     @torch.no_grad()
     def sample_grid(self) -> Path | None:
-        """Preview grid from the EMA weights, written by the main process."""
+        """Preview grid from the EMA weights, written by the main process. A task with `preview_online` is also
+        handed the same samples (same conditions and seed) from the online weights as cond["online"] for its
+        preview, e.g. a tokenizer's reconstructions by both beside each other (muse-maskgit-pytorch's trainer)."""
         if not self.accelerator.is_main_process or not self.task.makes_samples:
             return None
-        gen = torch.Generator(device=self.accelerator.device).manual_seed(self.run.train.seed)
-        n = self.run.train.num_samples
+        seed, n, device = self.run.train.seed, self.run.train.num_samples, self.accelerator.device
         self.task.eval()
+        online = None
+        if self.task.preview_online:
+            gen = torch.Generator(device=device).manual_seed(seed)
+            online = self.task.sample(self.task.sample_conditions(n, gen), gen, n)
+        gen = torch.Generator(device=device).manual_seed(seed)
         with self.ema.swapped_in():
             cond = self.task.sample_conditions(n, gen)
-            path = write_samples(self.task, cond, self.task.sample(cond, gen, n),
-                                 self.run_dir / "samples" / step_dir_name(self.step))
+            images = self.task.sample(cond, gen, n)
+            if online is not None:
+                cond["online"] = online
+            path = write_samples(self.task, cond, images, self.run_dir / "samples" / step_dir_name(self.step))
         self.task.train()
         self.logger.image(self.step, "samples", path)
         return path

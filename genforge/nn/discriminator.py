@@ -50,6 +50,20 @@ def r1_penalty(real_logits: Tensor, real: Tensor) -> Tensor:
     return grad.float().square().flatten(1).sum(1).mean()
 
 
+def gradient_penalty(logits: Tensor, inputs: Tensor) -> Tensor:
+    """WGAN-GP's penalty (Gulrajani et al. 2017, eq. 3 without λ): E[(‖∇ₓ D(x)‖₂ − 1)²] with D(x) the sum of an
+    image's patch logits; `inputs` must require grad before D is applied. The paper takes x on random interpolates
+    of real and fake (`interpolates`); muse-maskgit-pytorch's VQGanVAE takes it on the real images."""
+    (grad,) = torch.autograd.grad(logits.sum(), inputs, create_graph=True)
+    return (grad.float().flatten(1).norm(dim=1) - 1.0).square().mean()
+
+
+def interpolates(real: Tensor, fake: Tensor, epsilon: Tensor) -> Tensor:
+    """x̂ = ε·x + (1 − ε)·x̃ per image, ε [B] in [0, 1] (WGAN-GP's sampling of points between the distributions)."""
+    eps = epsilon.to(real).view(-1, *([1] * (real.ndim - 1)))
+    return eps * real + (1.0 - eps) * fake
+
+
 def adaptive_weight(nll: Tensor, generator_loss: Tensor, last_layer: Tensor, max_weight: float = 1e4) -> Tensor:
     """λ = ‖∇_L nll‖ / (‖∇_L g‖ + 1e-4), clamped to [0, max_weight], detached (taming eq. 7), with L the
     decoder's last layer: balances the adversarial term against the reconstruction term."""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from genforge.core.config import DataConfig, FamilyConfig, StrictModel
 
@@ -23,7 +23,10 @@ class PerceptualConfig(StrictModel):
 
 
 class GANConfig(StrictModel):
-    """Patch discriminator trained as a second phase (taming/MUSE VQGAN)."""
+    """Patch discriminator trained as a second phase (taming/MUSE VQGAN), with an optional gradient penalty on the
+    discriminator: R1 (Mescheder et al. 2018) or WGAN-GP's (Gulrajani et al. 2017) as muse-maskgit-pytorch applies
+    it. The former keys r1_weight / r1_every (runs written before `penalty`) still load: r1_weight > 0 means
+    penalty: r1 with penalty_weight = r1_weight, penalty_every = r1_every; r1_weight 0 means penalty: none."""
 
     weight: float = Field(0.1, ge=0.0, description="disc_weight: scales the adaptive adversarial weight")
     start_step: int = Field(0, ge=0, description="the generator's adversarial term is on from this step; the "
@@ -31,8 +34,41 @@ class GANConfig(StrictModel):
     adaptive: bool = Field(True, description="taming's adaptive weight ‖∇nll‖/‖∇g‖ on the decoder's last layer")
     channels: int = Field(64, ge=8)
     num_layers: int = Field(3, ge=1, le=6)
-    r1_weight: float = Field(0.0, ge=0.0, description="γ of the R1 gradient penalty on real images (0: off)")
-    r1_every: int = Field(4, ge=1, description="lazy regularisation: the penalty every N steps, scaled by N")
+    penalty: Literal["none", "r1", "wgan_gp"] = Field(
+        "none", description="gradient penalty of the discriminator phase: r1: γ/2 · N · E‖∇ₓD(x)‖² on real images "
+                            "(lazy, scaled by N = penalty_every); wgan_gp: λ · E(‖∇D(x̂)‖₂ − 1)² on penalty_inputs, "
+                            "not scaled by N (muse-maskgit-pytorch: λ 10 on the real images)")
+    penalty_weight: float = Field(10.0, ge=0.0, description="γ of r1, λ of wgan_gp (Gulrajani et al. and MUSE: 10)")
+    penalty_every: int = Field(4, ge=1, description="the penalty at the discriminator steps divisible by N")
+    penalty_inputs: Literal["real", "interpolates"] = Field(
+        "real", description="wgan_gp: where the gradient is taken: the real images (what muse-maskgit-pytorch "
+                            "does), or random interpolates εx + (1 − ε)x̃, ε ~ U[0, 1] per image from the batch's "
+                            "random stream (the WGAN-GP paper)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_r1_keys(cls, data: Any) -> Any:
+        """r1_weight / r1_every (the keys before `penalty`) -> penalty, penalty_weight, penalty_every."""
+        if not isinstance(data, dict) or not {"r1_weight", "r1_every"} & data.keys():
+            return data
+        newer = [k for k in ("penalty", "penalty_weight", "penalty_every") if k in data]
+        if newer:
+            raise ValueError(f"model.gan.r1_weight / r1_every are the former keys of penalty: r1; set "
+                             f"model.gan.{newer[0]} and the other penalty_* keys instead of both")
+        data = dict(data)
+        weight, every = data.pop("r1_weight", 0.0), data.pop("r1_every", 4)
+        try:
+            on = float(weight) > 0
+        except (TypeError, ValueError):
+            raise ValueError(f"model.gan.r1_weight={weight!r} must be a number") from None
+        return {**data, "penalty": "r1" if on else "none", "penalty_weight": weight, "penalty_every": every}
+
+    @model_validator(mode="after")
+    def _inputs_of_wgan_gp(self) -> "GANConfig":
+        if self.penalty_inputs != "real" and self.penalty != "wgan_gp":
+            raise ValueError(f"model.gan.penalty_inputs={self.penalty_inputs} applies to penalty: wgan_gp (r1 is "
+                             f"taken on real images), not {self.penalty}")
+        return self
 
 
 class TokenizerConfig(FamilyConfig):

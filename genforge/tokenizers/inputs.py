@@ -50,11 +50,24 @@ class CodecInputConfig(StrictModel):
 
 
 class LatentInputConfig(CodecInputConfig):
-    """DiT's latents: a trained continuous tokenizer (a klvae run), or `space_to_depth`."""
+    """DiT's latents: a trained continuous tokenizer (a klvae run), or `space_to_depth`. The latent of an image is
+    the posterior mean of the tokenizer, or with `sample_posterior` a sample of it, as DiT's train.py takes
+    `vae.encode(x).latent_dist.sample()` (Peebles & Xie 2023)."""
 
     kind: ClassVar[str] = "latent"
     field: ClassVar[str] = "model.latent"
     codec: Literal["space_to_depth", "tokenizer"] = "space_to_depth"
+    sample_posterior: bool = Field(False, description="codec=tokenizer with a Gaussian posterior (klvae): train on "
+                                                      "mean + std · ε of q(z|x) (times the scale factor), ε from "
+                                                      "the batch's random stream, a new sample every step (DiT); "
+                                                      "false: the posterior mean. Needs images: a cache holds means")
+
+    @model_validator(mode="after")
+    def _posterior_of_a_tokenizer(self) -> "LatentInputConfig":
+        if self.sample_posterior and self.codec != "tokenizer":
+            raise ValueError(f"{self.field}.sample_posterior applies to {self.field}.codec=tokenizer (a klvae run); "
+                             f"the {self.codec} stand-in has no posterior")
+        return self
 
 
 class TokenInputConfig(CodecInputConfig):

@@ -2,7 +2,8 @@
 LPIPSWithDiscriminator, Esser et al. 2021), with the family-specific parts left to subclasses.
 
 generator phase:     L = rec(x̂, x) + w_p·perceptual(x̂, x) + regulariser + λ·w_gan·(−E[D(x̂)])   (step ≥ start)
-discriminator phase: hinge(D(x), D(x̂.detach())) + γ/2·N·R1 every N steps
+discriminator phase: hinge(D(x), D(x̂.detach())) + the gradient penalty of `gan.penalty` every N steps:
+                     r1: γ/2·N·E‖∇ₓD(x)‖² (lazy R1)   wgan_gp: λ·E(‖∇D(x)‖₂ − 1)² (MUSE: on the real images)
 A subclass builds `self.autoencoder` (the codec) and implements `autoencode` (x -> x̂, its regulariser and
 its logs) and `last_layer` (the decoder weight λ is measured on).
 
@@ -24,7 +25,8 @@ from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, interleave_rows
 from genforge.nn.perceptual import PerceptualLoss
-from genforge.nn.discriminator import PatchDiscriminator, adaptive_weight, hinge_discriminator_loss, r1_penalty
+from genforge.nn.discriminator import (PatchDiscriminator, adaptive_weight, gradient_penalty, hinge_discriminator_loss,
+                                      interpolates, r1_penalty)
 from genforge.tokenizers.config import TokenizerConfig
 
 RECONSTRUCTION_LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss, "smooth_l1": F.smooth_l1_loss}
@@ -34,6 +36,7 @@ class TokenizerTask(Task):
     """Autoencoder + optional perceptual loss + optional patch discriminator (a second phase)."""
 
     autoencoder: nn.Module
+    preview_online = True  # training previews: reconstructions by the EMA and by the online weights
 
     def __init__(self, cfg: TokenizerConfig, ctx: BuildContext) -> None:
         super().__init__()
@@ -118,8 +121,13 @@ class TokenizerTask(Task):
         return loss, logs
 
     def discriminator_loss(self, batch: Batch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """Hinge loss on real images and this step's reconstructions (clips: one drawn frame of each), plus the lazy
-        R1 penalty."""
+        """Hinge loss on real images and this step's reconstructions (clips: one drawn frame of each), plus the
+        gradient penalty at every `penalty_every`-th step: lazy R1 (γ/2 · N · R1, Mescheder et al. 2018; StyleGAN2's
+        lazy regularisation), or WGAN-GP's (Gulrajani et al. 2017) λ · E(‖∇D‖₂ − 1)² as muse-maskgit-pytorch
+        computes it: on the real images (penalty_inputs: real; the paper's random interpolates with ε from the
+        batch's random stream: interpolates), with D the sum of the patch logits, not scaled by N. (MUSE's trainer
+        computes apply_grad_penalty_every = 4 but hands the flag to the generator call, which ignores it: its
+        discriminator is penalised at every step, penalty_every: 1 here.)"""
         image, rng = batch[self.field], batch["rng"]
         fake = self._fakes.get((step, rng.offset))
         if fake is None:  # the generator phase did not run on this batch (e.g. called on its own)
@@ -129,18 +137,29 @@ class TokenizerTask(Task):
                 fake = self.autoencode(image, rng, step)[0]
             self.autoencoder.train(was_training)
         gan = self.cfg.gan
-        penalise = gan.r1_weight > 0 and step % gan.r1_every == 0
+        penalise = gan.penalty != "none" and gan.penalty_weight > 0 and step % gan.penalty_every == 0
+        on_real = penalise and gan.penalty_inputs == "real"  # r1, and wgan_gp as MUSE takes it
         frame = self.frame_draw(image, rng)
-        real = self.as_frames(image, frame).detach().requires_grad_(penalise)
+        real = self.as_frames(image, frame).detach().requires_grad_(on_real)
+        fake = self.as_frames(fake, frame).detach()
         real_logits = self.discriminator(real)
-        fake_logits = self.discriminator(self.as_frames(fake, frame).detach())
+        fake_logits = self.discriminator(fake)
         loss = hinge_discriminator_loss(real_logits.float(), fake_logits.float())
         logs = {"hinge": loss.detach(), "logits_real": real_logits.detach().float().mean()}
-        if penalise:
+        if not penalise:
+            return loss, logs
+        if gan.penalty == "r1":
             penalty = r1_penalty(real_logits, real)
-            logs["r1"] = penalty.detach()
-            loss = loss + 0.5 * gan.r1_weight * gan.r1_every * penalty
-        return loss, logs
+            weight = 0.5 * gan.penalty_weight * gan.penalty_every
+        else:
+            points, logits = real, real_logits
+            if not on_real:  # the paper's random interpolates, ε per image from the batch's stream
+                points = interpolates(real.detach(), fake, rng.rand()).requires_grad_(True)
+                logits = self.discriminator(points)
+            penalty = gradient_penalty(logits, points)
+            weight = gan.penalty_weight
+        logs[gan.penalty] = penalty.detach()
+        return loss + weight * penalty, logs
 
     # ----------------------------------------------------------------------------------- previews
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
@@ -156,5 +175,11 @@ class TokenizerTask(Task):
         return self.reconstruct(cond[self.field].to(device)).float().clamp(-1, 1)
 
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
-        """Rows of 8 originals, each followed by a row of their reconstructions (clips: an animated grid)."""
-        return interleave_rows([cond[self.field], images])
+        """Rows of 8 originals, each followed by a row of their reconstructions (clips: an animated grid): in training
+        previews the EMA weights' (`images`), then the online weights' (cond["online"], from the trainer)."""
+        return interleave_rows([cond[self.field], images, *self.online_rows(cond)])
+
+    @staticmethod
+    def online_rows(cond: Batch) -> list[Tensor]:
+        """The online weights' reconstructions the trainer adds to a training preview (none elsewhere)."""
+        return [cond["online"]] if "online" in cond else []

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from genforge.nn.discriminator import PatchDiscriminator, adaptive_weight, hinge_discriminator_loss, r1_penalty
+from genforge.nn.discriminator import (PatchDiscriminator, adaptive_weight, gradient_penalty, hinge_discriminator_loss,
+                                      interpolates, r1_penalty)
 
 
 def test_hinge_loss_on_known_logits():
@@ -33,6 +34,39 @@ def test_r1_matches_the_gradient_of_a_linear_discriminator():
     assert torch.allclose(penalty, torch.tensor(5 * 6 * (1 + 4 + 0.25)))
     penalty.backward()  # create_graph: the penalty trains the discriminator
     assert d.weight.grad is not None and d.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("w", [[0.6, -0.8, 0.0], [1.0, -2.0, 0.5], [0.1, 0.1, 0.1]])
+def test_gradient_penalty_of_a_linear_discriminator_is_norm_of_w_minus_1_squared(w):
+    """D(x) = w·x (one score per image): ∇ₓD = w everywhere, so (‖∇D‖₂ − 1)² = (‖w‖ − 1)² at every point."""
+    weight = torch.tensor(w, requires_grad=True)
+    x = torch.randn(5, 3, requires_grad=True)
+    penalty = gradient_penalty(x @ weight, x)
+    expected = (torch.tensor(w).norm() - 1) ** 2
+    assert torch.allclose(penalty, expected, atol=1e-6)
+    penalty.backward()  # create_graph: the penalty trains the discriminator, d/dw = 2(‖w‖ − 1) w / ‖w‖
+    torch.testing.assert_close(weight.grad, 2 * (torch.tensor(w).norm() - 1) * torch.tensor(w) / torch.tensor(w).norm())
+
+
+def test_gradient_penalty_sums_the_patch_logits_of_an_image():
+    """A 1x1-conv discriminator w per pixel on an H×W image: ∇ₓΣD has norm √(H·W)·‖w‖ for every image."""
+    d = nn.Conv2d(3, 1, 1)
+    with torch.no_grad():
+        d.weight.copy_(torch.tensor([1.0, -2.0, 0.5]).view(1, 3, 1, 1))
+    x = torch.randn(4, 3, 5, 6, requires_grad=True)
+    expected = ((5 * 6 * (1 + 4 + 0.25)) ** 0.5 - 1) ** 2
+    assert torch.allclose(gradient_penalty(d(x), x), torch.tensor(expected))
+    constant = nn.Conv2d(3, 1, 1)
+    nn.init.zeros_(constant.weight)
+    penalty = gradient_penalty(constant(x), x)  # a flat discriminator: ‖∇D‖ = 0, penalty 1, a finite gradient
+    assert penalty == 1 and torch.isfinite(torch.autograd.grad(penalty, constant.weight)[0]).all()
+
+
+def test_interpolates_mix_each_image_by_its_own_epsilon():
+    real, fake = torch.ones(3, 2, 4, 4), -torch.ones(3, 2, 4, 4)
+    mixed = interpolates(real, fake, torch.tensor([0.0, 0.25, 1.0]))
+    assert torch.equal(mixed[0], fake[0]) and torch.equal(mixed[2], real[2])
+    assert torch.equal(mixed[1], torch.full((2, 4, 4), -0.5))
 
 
 def test_adaptive_weight_is_the_ratio_of_gradient_norms():

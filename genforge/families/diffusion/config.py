@@ -60,6 +60,10 @@ class DiffusionModelConfig(FamilyConfig):
         if data.source == "cache" and not tokenizer:
             raise ValueError("data.source=cache needs model.latent.codec=tokenizer and model.latent.tokenizer set "
                              "to the tokenizer run that wrote the cache (it decodes the samples)")
+        if data.source == "cache" and self.latent is not None and self.latent.sample_posterior:
+            raise ValueError("model.latent.sample_posterior needs the images: a cache (genforge encode) holds each "
+                             "image's posterior mean, not the posterior; train on the images the cache was made "
+                             "from, or set model.latent.sample_posterior=false to train on the cached means")
         if not tokenizer:  # a tokenizer's downsampling is known once it is loaded (DiffusionTask checks it then)
             self.check_grid(data.image_size, self.latent.factor if self.latent else 1, "model.latent.factor")
         if self.diffusion.objective == "ddpm" and self.diffusion.sample_steps > self.diffusion.num_timesteps:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from genforge.core.codec import GaussianLatentCodec
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.diffusion.build import build_objective, sample_diffusion
@@ -60,6 +61,9 @@ class DiffusionTask(Task):
             return build_standin(cfg.latent, image_channels=ctx.info.channels)
         codec, info = ctx.codecs["model.latent.tokenizer"]
         cfg.check_grid(ctx.info.image_size, info.downsample, f"the downsampling of {cfg.latent.tokenizer}")
+        if cfg.latent.sample_posterior and not isinstance(codec, GaussianLatentCodec):
+            raise ValueError(f"model.latent.sample_posterior: the codec of {cfg.latent.tokenizer} (a {info.family} "
+                             "run) has no Gaussian posterior to sample; a klvae run has")
         return codec
 
     def ema_module(self) -> torch.nn.Module:
@@ -73,13 +77,18 @@ class DiffusionTask(Task):
         return self
 
     def to_model_space(self, batch: Batch) -> Tensor:
-        """The tensor diffusion runs on: cached latents, codec latents, or pixels."""
+        """The tensor diffusion runs on: cached latents, codec latents (the posterior mean, or with
+        model.latent.sample_posterior a sample mean + std · ε, ε from batch["rng"]: DiT's
+        `vae.encode(x).latent_dist.sample()`), or pixels."""
         if "latent" in batch:
             return batch["latent"]
         if self.latent_codec is None:
             return batch["image"]
         with torch.no_grad():
-            return self.latent_codec.encode(batch["image"])
+            if not self.cfg.latent.sample_posterior:
+                return self.latent_codec.encode(batch["image"])
+            mean, std = self.latent_codec.encode_moments(batch["image"])  # [B, C, h, w] each
+            return mean + std * batch["rng"].randn(*mean.shape[1:]).to(mean)
 
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         x = self.to_model_space(batch)  # [B, C, h, w]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -29,27 +29,65 @@ class DVAEConfig(TokenizerConfig):
     num_tokens: int = Field(512, ge=2, le=65536, description="codebook size K")
     straight_through: bool = Field(False, description="forward the hard one-hot of the Gumbel sample, "
                                                       "backpropagate through the soft one")
+    temperature_schedule: Literal["cosine", "exponential", "legacy_exp"] = Field(
+        "cosine", description="Gumbel temperature τ(step): cosine or exponential from temperature_start to "
+                              "temperature_min over temperature_anneal_steps, then constant (DALL·E: cosine, 1 -> "
+                              "1/16 over 150 000 updates); legacy_exp: max(temperature_min, temperature_start · "
+                              "exp(−anneal_rate · step)) (genforge before this key; implied by a config that sets "
+                              "anneal_rate without this key, as every older run directory's config.yaml does)")
     temperature_start: float = Field(1.0, gt=0.0, description="Gumbel-softmax temperature at step 0")
-    temperature_min: float = Field(0.5, gt=0.0, description="its floor (DALLE-pytorch 0.5; DALL·E 1/16)")
-    anneal_rate: float = Field(1e-6, ge=0.0, description="τ(step) = max(temperature_min, temperature_start · "
-                                                         "exp(−anneal_rate · step))")
+    temperature_min: float = Field(1 / 16, gt=0.0, description="the final τ of cosine/exponential, the floor of "
+                                                               "legacy_exp (DALL·E 1/16; DALLE-pytorch 0.5)")
+    temperature_anneal_steps: int = Field(150_000, ge=1, description="cosine/exponential: optimizer steps from "
+                                                                     "temperature_start to temperature_min (DALL·E "
+                                                                     "150 000)")
+    anneal_rate: float = Field(1e-6, ge=0.0, description="legacy_exp only: τ(step) = max(temperature_min, "
+                                                         "temperature_start · exp(−anneal_rate · step)) "
+                                                         "(DALLE-pytorch 1e-6)")
     kl_weight: float = Field(0.0, ge=0.0, description="weight of KL(q(z|x) ‖ uniform) in nats per code position "
                                                       "(DALLE-pytorch's kl_div_loss_weight · h · w)")
     kl_warmup_steps: int = Field(0, ge=0, description="the KL weight rises linearly from 0 over these steps")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_runs_keep_their_schedule(cls, data: Any) -> Any:
+        """A config that sets anneal_rate but no temperature_schedule trains with legacy_exp: the config.yaml of
+        every run written before the schedule key holds anneal_rate (resolved configs hold every field), so
+        old runs resume with the temperatures they trained with; new configs name their schedule."""
+        if isinstance(data, dict) and "anneal_rate" in data and "temperature_schedule" not in data:
+            data = {**data, "temperature_schedule": "legacy_exp"}
+        return data
 
     @model_validator(mode="after")
     def _temperatures_ordered(self) -> "DVAEConfig":
         if self.temperature_min > self.temperature_start:
             raise ValueError(f"model.temperature_min={self.temperature_min} must be <= "
                              f"model.temperature_start={self.temperature_start}")
+        legacy = self.temperature_schedule == "legacy_exp"
+        for name, applies, where in (("anneal_rate", legacy, "legacy_exp"),
+                                     ("temperature_anneal_steps", not legacy, "cosine and exponential")):
+            default = type(self).model_fields[name].default
+            if not applies and getattr(self, name) != default:
+                raise ValueError(f"model.{name}={getattr(self, name)} applies to model.temperature_schedule={where} "
+                                 f"only, not {self.temperature_schedule} (leave it at its default {default})")
         return self
 
     def downsample(self) -> int:
         return 2 ** self.num_layers
 
     def temperature(self, step: int) -> float:
-        """The Gumbel-softmax temperature τ at optimizer step `step`."""
-        return max(self.temperature_min, self.temperature_start * math.exp(-self.anneal_rate * step))
+        """The Gumbel-softmax temperature τ at optimizer step `step`, with p = min(1, step / anneal_steps):
+        cosine       τ = τ_min + (τ_start − τ_min) · ½(1 + cos(π·p))     (DALL·E, Ramesh et al. 2021, app. A.2)
+        exponential  τ = τ_start · (τ_min / τ_start)^p                    (geometric: a constant ratio per step)
+        legacy_exp   τ = max(τ_min, τ_start · exp(−anneal_rate · step))   (DALLE-pytorch's rate in closed form; its
+                                                                          train_vae.py compounds it every 100 steps)"""
+        start, end = self.temperature_start, self.temperature_min
+        if self.temperature_schedule == "legacy_exp":
+            return max(end, start * math.exp(-self.anneal_rate * step))
+        progress = min(1.0, step / self.temperature_anneal_steps)
+        if self.temperature_schedule == "cosine":
+            return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return start * (end / start) ** progress
 
     def kl_weight_at(self, step: int) -> float:
         """The KL weight at `step`: linear warm-up from 0 over kl_warmup_steps, then kl_weight."""

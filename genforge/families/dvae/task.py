@@ -4,7 +4,8 @@
     straight-through: forward one_hot(argmax y), gradient of y
     L = rec(decode_soft(y), x) + w_kl(step) · KL(q(z|x) ‖ uniform),  q = softmax(logits)
     KL = Σ_k q_k log(q_k · K), averaged over code positions and the batch (nats per position, in [0, log K])
-    τ(step) = max(temperature_min, temperature_start · exp(−anneal_rate · step))
+    τ(step): temperature_schedule, by default DALL·E's cosine from temperature_start to temperature_min over
+             temperature_anneal_steps (app. A.2: 1 -> 1/16 over 150 000 updates); DVAEConfig.temperature
     w_kl(step) = kl_weight · min(1, step / kl_warmup_steps)
 Both schedules are functions of the optimizer step; the step the next training call will be at, with τ and
 w_kl there, is the family's checkpoint state (`state_for_checkpoint`), checked on resume.
@@ -109,7 +110,8 @@ class DVAETask(TokenizerTask):
     @torch.no_grad()
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int]:
         """Rows of 8 originals, each followed by their hard reconstructions (argmax codes, = `images`) and their
-        soft reconstructions (softmax(logits / τ) mixed codebook vectors)."""
+        soft reconstructions (softmax(logits / τ) mixed codebook vectors); in training previews then the hard
+        reconstructions of the online weights (cond["online"])."""
         device = next(self.autoencoder.parameters()).device
         soft = self.soft_reconstruct(cond["image"].to(device)).float().clamp(-1, 1)
-        return interleave_rows([cond["image"], images, soft])
+        return interleave_rows([cond["image"], images, soft, *self.online_rows(cond)])

@@ -19,7 +19,10 @@ class KLVAEConfig(ConvStackConfig):
     latent_channels: int = Field(4, ge=1, le=64)
     kl_weight: float = Field(1e-6, ge=0.0, description="weight of KL(q(z|x) ‖ N(0, I)), summed over the latent, "
                                                        "against the reconstruction loss summed over pixels")
-    scale_factor: float | None = Field(None, gt=0.0, description="latent = mean(q(z|x)) · scale_factor; default: "
-                                                                 "1 / std of the latents, estimated while training")
+    scale_factor: float | None = Field(None, gt=0.0, description="latent = mean(q(z|x)) · scale_factor, fixed; "
+                                                                 "null: with model.pretrained its config's "
+                                                                 "scaling_factor (the SD VAE's 0.18215, fixed: what "
+                                                                 "DiT uses), else 1 / std of the latents, estimated "
+                                                                 "while training")
     pretrained: str | None = Field(None, description="a local diffusers AutoencoderKL directory (e.g. "
                                                      "sd-vae-ft-ema) to start from; its architecture is used")

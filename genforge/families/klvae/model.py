@@ -1,8 +1,10 @@
 """KLAutoencoder: diffusers' AutoencoderKL as a `LatentCodec`, with the latent scale factor of latent diffusion.
 
 image [B, C, H, W] --encoder--> q(z|x) = N(mean, exp(logvar)) [B, 2·z, H/f, W/f] --decoder--> image
-The codec's latent is mean · scale_factor (deterministic, so a cache is reproducible); scale_factor is set or
-1/std of the latents (Rombach et al. 2022, appendix G), estimated as a running average while training.
+The codec's latent is mean · scale_factor (deterministic, so a cache is reproducible); scale_factor is fixed (set,
+or a pretrained VAE's own: the SD VAE's 0.18215, which DiT uses) or 1/std of the latents (Rombach et al. 2022,
+appendix G), estimated as a running average while training. `encode_moments` also gives the posterior's std in the
+same units, for generators that train on samples of q(z|x) (DiT: model.latent.sample_posterior).
 """
 
 from __future__ import annotations
@@ -73,6 +75,12 @@ class KLAutoencoder(nn.Module):
     def encode(self, image: Tensor) -> Tensor:
         """image [B, C, H, W] in [-1, 1] -> latent [B, latent_channels, H/f, W/f] (unit-variance scale)."""
         return self.posterior(image).mean * self.scale_factor()
+
+    def encode_moments(self, image: Tensor) -> tuple[Tensor, Tensor]:
+        """image -> (mean, std) of q(z|x) · scale_factor [B, latent_channels, H/f, W/f]: mean + std · ε is DiT's
+        `vae.encode(x).latent_dist.sample() * 0.18215` (a GaussianLatentCodec)."""
+        posterior, scale = self.posterior(image), self.scale_factor()
+        return posterior.mean * scale, posterior.std * scale
 
     def decode(self, latent: Tensor) -> Tensor:
         """latent [B, latent_channels, h, w] -> image [B, C, h·f, w·f]."""

@@ -4,12 +4,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pathlib import Path
+
 from genforge.app.runs import build_task
-from genforge.app.config import ConfigError, load_config
+from genforge.app.config import ConfigError, load_config, to_yaml
+from genforge.families.dvae.config import DVAEConfig
 from genforge.data.loader import DataInfo, scan_data_info
 from genforge.core.random import BatchRandom
 from genforge.families.dvae.task import gumbel_softmax, kl_to_uniform
 from genforge.core.codec import TokenCodec
+
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 
 
 def build(overrides=(), data=None):
@@ -46,8 +51,48 @@ def test_rgba_needs_four_channel_data():
 
 
 # -------------------------------------------------------------------------------------- schedules
-def test_temperature_schedule_start_decay_floor():
-    cfg = load_config("dvae-debug", ["model.temperature_start=2.0", "model.temperature_min=0.25",
+def test_default_temperature_schedule_is_dalles_cosine_from_1_to_1_16_over_150k_steps():
+    cfg = DVAEConfig()
+    assert (cfg.temperature_schedule, cfg.temperature_start, cfg.temperature_min, cfg.temperature_anneal_steps) == \
+        ("cosine", 1.0, 1 / 16, 150_000)
+    expected = {0: 1.0, 1_000: 0.99989720, 10_000: 0.98975669, 100_000: 0.296875}
+    for step, tau in expected.items():
+        formula = 1 / 16 + (1 - 1 / 16) * 0.5 * (1 + math.cos(math.pi * step / 150_000))
+        assert cfg.temperature(step) == pytest.approx(formula, rel=1e-12) == pytest.approx(tau, abs=1e-8)
+    assert cfg.temperature(150_000) == cfg.temperature(10 ** 7) == 1 / 16
+
+
+def test_exponential_temperature_schedule_is_geometric_between_start_and_min():
+    cfg = DVAEConfig(temperature_schedule="exponential", temperature_start=2.0, temperature_min=0.125,
+                     temperature_anneal_steps=400)
+    assert cfg.temperature(0) == 2.0
+    assert cfg.temperature(100) == pytest.approx(1.0) and cfg.temperature(200) == pytest.approx(0.5)  # ×½ per 100
+    assert cfg.temperature(400) == pytest.approx(0.125) and cfg.temperature(4000) == pytest.approx(0.125)
+
+
+def test_old_run_configs_keep_the_legacy_formula():
+    """A config.yaml written before temperature_schedule existed sets anneal_rate (every field is resolved) and no
+    schedule: it trains on with τ = max(min, start · exp(−rate · step)), and its resolved config says so."""
+    for fixture in ("runs-42ccac9", "runs-3f8e24e"):
+        cfg = load_config(str(FIXTURES / fixture / "dvae" / "config.yaml"))
+        assert cfg.model.temperature_schedule == "legacy_exp"
+        assert [cfg.model.temperature(s) for s in (0, 3, 8)] == [1.0, math.exp(-0.3), 0.5]
+        assert "temperature_schedule: legacy_exp" in to_yaml(cfg)
+    assert DVAEConfig.model_validate({"anneal_rate": 1e-6}).temperature_schedule == "legacy_exp"
+    assert DVAEConfig.model_validate({"temperature_min": 0.5}).temperature_schedule == "cosine"
+    assert DVAEConfig.model_validate({"anneal_rate": 0.1, "temperature_schedule": "legacy_exp"}).temperature(1) == \
+        math.exp(-0.1)
+
+
+def test_a_new_runs_resolved_config_keeps_its_schedule(tmp_path):
+    cfg = load_config("dvae-debug", ["model.temperature_schedule=exponential"])
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))  # holds anneal_rate (its default) and the schedule
+    assert load_config(str(tmp_path / "config.yaml")).model == cfg.model
+
+
+def test_temperature_schedule_legacy_start_decay_floor():
+    cfg = load_config("dvae-debug", ["model.temperature_schedule=legacy_exp", "model.temperature_start=2.0",
+                                     "model.temperature_min=0.25", "model.temperature_anneal_steps=150000",
                                      "model.anneal_rate=0.01"]).model
     assert cfg.temperature(0) == 2.0
     assert cfg.temperature(50) == pytest.approx(2.0 * math.exp(-0.5))
@@ -78,7 +123,7 @@ def test_checkpoint_state_is_the_schedule_at_the_next_step_and_round_trips(capsy
     task.loss({"image": images(8), "rng": BatchRandom(0, 7, 0, 8, 0, 8)}, "main", 7)
     state = task.state_for_checkpoint()
     assert state == {"step": 8, "temperature": cfg.model.temperature(8), "kl_weight": cfg.model.kl_weight_at(8)}
-    assert state["temperature"] == 0.5  # exp(-0.1 · 8) = 0.45 is under the floor
+    assert state["temperature"] == 0.5  # the preset's cosine reaches temperature_min at step 4
     task.eval()  # evaluation and previews do not move the schedule
     with torch.no_grad():
         task.loss({"image": images(8), "rng": BatchRandom(0, 20, 0, 8, 0, 8)}, "main", 20)
@@ -91,7 +136,7 @@ def test_checkpoint_state_is_the_schedule_at_the_next_step_and_round_trips(capsy
     _, changed = build(["model.temperature_min=0.1"])  # a changed schedule is reported, and the new one used
     changed.load_state_from_checkpoint(state)
     assert "temperature at step 8" in capsys.readouterr().err
-    assert changed.temperature() == math.exp(-0.1 * 8)
+    assert changed.temperature() == 0.1
 
 
 # ----------------------------------------------------------------------------- Gumbel-softmax, KL
@@ -150,10 +195,18 @@ def test_logs_and_preview_rows():
     grid, nrow = task.preview(cond, task.sample(cond, gen, 4))
     assert nrow == 4 and grid.shape == (12, 3, 16, 16)  # originals, hard, soft
     assert torch.equal(grid[4:8], task.reconstruct(cond["image"]).clamp(-1, 1))
+    online = -task.reconstruct(cond["image"]).clamp(-1, 1)  # what the trainer hands in: the online weights' samples
+    with_online, _ = task.preview({**cond, "online": online}, task.sample(cond, gen, 4))
+    assert with_online.shape == (16, 3, 16, 16) and torch.equal(with_online[:12], grid)
+    assert torch.equal(with_online[12:], online)
 
 
 # ------------------------------------------------------------------------------------------ config
 @pytest.mark.parametrize("overrides, field", [
+    (["model.anneal_rate=0.01"], "model.anneal_rate"),  # the preset's schedule is cosine
+    (["model.temperature_schedule=legacy_exp"], "model.temperature_anneal_steps"),
+    (["model.temperature_schedule=linear"], "model.temperature_schedule"),
+    (["model.temperature_anneal_steps=0"], "model.temperature_anneal_steps"),
     (["model.temperature_min=2.0"], "model.temperature_min"),
     (["model.temperature_min=2.0"], "model.temperature_start"),
     (["model.reconstruction_loss=l1"], "model.reconstruction_loss"),

@@ -9,7 +9,7 @@ from genforge.app.config import ConfigError, load_config
 from genforge.data.loader import scan_data_info
 from genforge.core.random import BatchRandom
 from genforge.families.klvae.model import KLAutoencoder
-from genforge.core.codec import LatentCodec
+from genforge.core.codec import GaussianLatentCodec, LatentCodec
 
 
 def build(overrides=()):
@@ -28,6 +28,22 @@ def test_codec_shapes_and_determinism():
         assert latent.shape == (2, 4, 8, 8)
         assert torch.equal(latent, codec.encode(image))  # the posterior mean: a cache is reproducible
         assert codec.decode(latent).shape == (2, 3, 16, 16)
+
+
+def test_encode_moments_are_the_posteriors_in_latent_units():
+    """mean + std · ε of `encode_moments` is DiT's vae.encode(x).latent_dist.sample() · scale_factor."""
+    _, task = build(["model.scale_factor=0.5"])
+    codec = task.codec()
+    assert isinstance(codec, GaussianLatentCodec)
+    image = torch.rand(2, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        mean, std = codec.encode_moments(image)
+        posterior = codec.posterior(image)
+        assert torch.equal(mean, codec.encode(image)) and torch.equal(mean, posterior.mean * 0.5)
+        assert torch.equal(std, posterior.std * 0.5) and (std > 0).all()
+        noise = torch.randn(mean.shape, generator=torch.Generator().manual_seed(0))
+        sample = posterior.sample(generator=torch.Generator().manual_seed(0)) * 0.5  # diffusers' own draw
+        torch.testing.assert_close(mean + std * noise, sample)
 
 
 def test_kl_term_is_the_closed_form_and_zero_at_the_prior():
@@ -110,6 +126,7 @@ def test_default_metrics_are_the_tokenizer_ones():
 
 
 def test_train_then_sample_shows_originals_above_reconstructions(tmp_path):
+    """Training previews: originals, EMA and online reconstructions; `genforge sample`: originals and the EMA's."""
     from PIL import Image
     from typer.testing import CliRunner
 
@@ -118,7 +135,8 @@ def test_train_then_sample_shows_originals_above_reconstructions(tmp_path):
     runner = CliRunner()
     assert runner.invoke(app, ["train", "klvae-debug", "--run-dir", str(tmp_path)]).exit_code == 0
     preview = Image.open(tmp_path / "samples" / "step-000006.png")
-    assert preview.size == (2 + 4 * 18, 2 + 2 * 18)  # 4 held-out images in a row, their reconstructions below
+    # 4 held-out images in a row, below them their reconstructions by the EMA weights, then by the online weights
+    assert preview.size == (2 + 4 * 18, 2 + 3 * 18)
     out = runner.invoke(app, ["sample", str(tmp_path), "--n", "10", "--out", str(tmp_path / "g.png")])
     assert out.exit_code == 0, out.output
     assert Image.open(tmp_path / "g.png").size == (2 + 8 * 18, 2 + 4 * 18)  # 8 + 2 originals, each row doubled

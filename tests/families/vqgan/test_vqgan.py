@@ -5,6 +5,7 @@ import copy
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from safetensors.torch import load_file
 from genforge.app.config import ConfigError, load_config, to_yaml
 from genforge.core.random import BatchRandom
 from genforge.app.runs import build_task
+from genforge.nn.discriminator import gradient_penalty, hinge_discriminator_loss, interpolates
 from genforge.tokenizers.config import GANConfig
 from genforge.families.vqgan.model import VQAutoencoder
 from genforge.core.codec import TokenCodec
@@ -130,7 +132,70 @@ def test_resolved_config_round_trips_and_builds_on_meta(kind, tmp_path):
     assert task.autoencoder.codebook_size == KINDS[kind][1]
 
 
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+
+
+def test_the_presets_penalty_is_muses_gradient_penalty_on_real_images():
+    gan = load_config("vqgan-shapes").model.gan
+    assert (gan.penalty, gan.penalty_weight, gan.penalty_every, gan.penalty_inputs) == ("wgan_gp", 10.0, 1, "real")
+    assert GANConfig().penalty == "none"
+
+
+@pytest.mark.parametrize("fixture", ["runs-42ccac9", "runs-3f8e24e"])
+def test_old_runs_r1_keys_mean_the_r1_penalty(fixture, tmp_path):
+    cfg = load_config(str(FIXTURES / fixture / "vqgan" / "config.yaml"))
+    gan = cfg.model.gan
+    assert (gan.penalty, gan.penalty_weight, gan.penalty_every) == ("r1", 1.0, 2)
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))  # re-resolved with the new keys, the same penalty
+    assert "r1_weight" not in to_yaml(cfg) and load_config(str(tmp_path / "config.yaml")).model == cfg.model
+    assert GANConfig.model_validate({"r1_weight": 0.0, "r1_every": 4}).penalty == "none"
+    assert GANConfig.model_validate({"r1_every": 8}).penalty == "none"  # r1_weight's default was 0: off
+
+
+def test_wgan_gp_on_real_images_is_hinge_plus_lambda_times_the_penalty():
+    torch.manual_seed(0)
+    task = build_task(load_config("vqgan-debug"))  # wgan_gp, λ 10, every step, on real images
+    task.train()
+    batch = {"image": images(8), "rng": BatchRandom(0, 3, 0, 8, 0, 8)}
+    task.loss(batch, "generator", 3)  # leaves this step's reconstructions for the discriminator
+    fake = task._fakes[(3, 0)]
+    loss, logs = task.loss({**batch, "rng": BatchRandom(0, 3, 1, 8, 0, 8)}, "discriminator", 3)
+    real = batch["image"].detach().requires_grad_(True)
+    real_logits = task.discriminator(real)
+    penalty = gradient_penalty(real_logits, real)
+    hinge = hinge_discriminator_loss(real_logits, task.discriminator(fake))
+    torch.testing.assert_close(logs["wgan_gp"], penalty.detach())
+    torch.testing.assert_close(loss, hinge + 10.0 * penalty)
+
+
+def test_wgan_gp_on_interpolates_draws_epsilon_from_the_batch_stream():
+    torch.manual_seed(0)
+    task = build_task(load_config("vqgan-debug", ["model.gan.penalty_inputs=interpolates",
+                                                   "model.gan.penalty_every=2"]))
+    task.train()
+    x = images(8)
+    task.loss({"image": x, "rng": BatchRandom(0, 4, 0, 8, 0, 8)}, "generator", 4)
+    fake = task._fakes[(4, 0)]
+    rng = BatchRandom(0, 4, 1, 8, 0, 8)
+    loss, logs = task.loss({"image": x, "rng": rng}, "discriminator", 4)
+    eps = BatchRandom(0, 4, 1, 8, 0, 8).rand()  # the first draw of the discriminator phase (images: no frame draw)
+    points = interpolates(x, fake, eps).requires_grad_(True)
+    penalty = gradient_penalty(task.discriminator(points), points)
+    torch.testing.assert_close(logs["wgan_gp"], penalty.detach())
+    hinge = hinge_discriminator_loss(task.discriminator(x), task.discriminator(fake))
+    torch.testing.assert_close(loss, hinge + 10.0 * penalty)
+    again, _ = task.loss({"image": x, "rng": BatchRandom(0, 4, 1, 8, 0, 8)}, "discriminator", 4)
+    assert torch.equal(loss, again)  # nothing from the global RNG
+    _, off = task.loss({"image": x, "rng": BatchRandom(0, 5, 1, 8, 0, 8)}, "discriminator", 5)
+    assert "wgan_gp" not in off  # every 2nd step only
+
+
 BAD = [
+    (["model.gan={r1_weight: 1.0, penalty: wgan_gp}"], ["model.gan", "r1_weight", "penalty"]),
+    (["model.gan.penalty_inputs=interpolates", "model.gan.penalty=r1"], ["model.gan.penalty_inputs"]),
+    (["model.gan.penalty=gp"], ["model.gan.penalty"]),
+    (["model.gan.penalty_every=0"], ["model.gan.penalty_every"]),
+    (["model.gan={r1_weight: lots}"], ["model.gan.r1_weight"]),
     (["model.quantizer={kind: lfq, codebook_size: 500}"], ["model.quantizer", "codebook_size=500", "power of 2"]),
     (["model.quantizer={kind: fsq}"], ["model.quantizer", "levels"]),
     (["model.quantizer={kind: fsq, levels: [1, 4]}"], ["model.quantizer.levels", ">= 2"]),
@@ -174,3 +239,32 @@ def test_two_processes_match_one(tmp_path):
     # fraction of lr (1e-3); 1e-4 is 10% of one step
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-4, msg=k)
+
+
+def test_training_previews_show_the_ema_and_the_online_reconstructions(tmp_path, monkeypatch):
+    """Rows: originals, reconstructions by the EMA weights, by the online weights (muse-maskgit-pytorch's trainer
+    saves both); `genforge sample` (no online weights handed in) keeps originals and EMA reconstructions."""
+    import genforge.engine.trainer as trainer_module
+    from genforge.app.runs import make_trainer
+
+    seen = {}
+    write = trainer_module.write_samples
+    monkeypatch.setattr(trainer_module, "write_samples",
+                        lambda task, cond, images, path: seen.update(cond=dict(cond), images=images) or
+                        write(task, cond, images, path))
+    cfg = load_config("vqgan-debug", ["train.steps=2", "train.sample_every=2", "train.checkpoint_every=2",
+                                      "train.num_samples=4", "eval.every=0"])
+    trainer = make_trainer(cfg, tmp_path)
+    trainer.fit()
+    task, cond = trainer.task.eval(), seen["cond"]
+    with torch.no_grad():
+        online = task.reconstruct(cond["image"]).clamp(-1, 1)
+        with trainer.ema.swapped_in():
+            ema = task.reconstruct(cond["image"]).clamp(-1, 1)
+    assert torch.equal(cond["online"], online) and torch.equal(seen["images"], ema)
+    assert not torch.equal(online, ema)  # two steps with a warmed-up EMA decay: different weights
+    grid, nrow = task.preview(cond, seen["images"])
+    assert nrow == 4 and torch.equal(grid, torch.cat([cond["image"], ema, online]))
+    assert (tmp_path / "samples" / "step-000002.png").is_file()
+    plain, _ = task.preview({"image": cond["image"]}, ema)
+    assert torch.equal(plain, torch.cat([cond["image"], ema]))

@@ -2,9 +2,23 @@ from family_contract import FamilyContract
 
 
 class TestVQGAN(FamilyContract):
-    """VQ with an EMA codebook and dead-code restarts, patch GAN with R1 (the preset)."""
+    """VQ with an EMA codebook and dead-code restarts, patch GAN with MUSE's gradient penalty (the preset)."""
 
     preset = "vqgan-debug"
+
+
+class TestVQGANR1(FamilyContract):
+    """The lazy R1 penalty every 2 steps (what the preset had before MUSE's penalty)."""
+
+    preset = "vqgan-debug"
+    overrides = ("model.gan.penalty=r1", "model.gan.penalty_weight=1.0", "model.gan.penalty_every=2")
+
+
+class TestVQGANGradientPenaltyOnInterpolates(FamilyContract):
+    """WGAN-GP's random interpolates: ε from the batch's stream, so resume stays bit-identical."""
+
+    preset = "vqgan-debug"
+    overrides = ("model.gan.penalty_inputs=interpolates",)
 
 
 class TestVQGANCosineKMeans(FamilyContract):
