@@ -125,9 +125,9 @@ class TokenizerTask(Task):
         gradient penalty at every `penalty_every`-th step: lazy R1 (γ/2 · N · R1, Mescheder et al. 2018; StyleGAN2's
         lazy regularisation), or WGAN-GP's (Gulrajani et al. 2017) λ · E(‖∇D‖₂ − 1)² as muse-maskgit-pytorch
         computes it: on the real images (penalty_inputs: real; the paper's random interpolates with ε from the
-        batch's random stream: interpolates), with D the sum of the patch logits, not scaled by N. (MUSE's trainer
-        computes apply_grad_penalty_every = 4 but hands the flag to the generator call, which ignores it: its
-        discriminator is penalised at every step, penalty_every: 1 here.)"""
+        batch's random stream: interpolates), with D the sum of the patch logits, not scaled by N; MUSE's trainer sets
+        apply_grad_penalty_every = 4 (its code hands the flag to the generator call, which ignores it, so it in fact
+        penalises every step: penalty_every 1)."""
         image, rng = batch[self.field], batch["rng"]
         fake = self._fakes.get((step, rng.offset))
         if fake is None:  # the generator phase did not run on this batch (e.g. called on its own)

@@ -137,7 +137,7 @@ FIXTURES = Path(__file__).parents[2] / "fixtures"
 
 def test_the_presets_penalty_is_muses_gradient_penalty_on_real_images():
     gan = load_config("vqgan-shapes").model.gan
-    assert (gan.penalty, gan.penalty_weight, gan.penalty_every, gan.penalty_inputs) == ("wgan_gp", 10.0, 1, "real")
+    assert (gan.penalty, gan.penalty_weight, gan.penalty_every, gan.penalty_inputs) == ("wgan_gp", 10.0, 4, "real")
     assert GANConfig().penalty == "none"
 
 
@@ -154,12 +154,12 @@ def test_old_runs_r1_keys_mean_the_r1_penalty(fixture, tmp_path):
 
 def test_wgan_gp_on_real_images_is_hinge_plus_lambda_times_the_penalty():
     torch.manual_seed(0)
-    task = build_task(load_config("vqgan-debug"))  # wgan_gp, λ 10, every step, on real images
+    task = build_task(load_config("vqgan-debug"))  # wgan_gp, λ 10, every 4 steps, on real images
     task.train()
-    batch = {"image": images(8), "rng": BatchRandom(0, 3, 0, 8, 0, 8)}
-    task.loss(batch, "generator", 3)  # leaves this step's reconstructions for the discriminator
-    fake = task._fakes[(3, 0)]
-    loss, logs = task.loss({**batch, "rng": BatchRandom(0, 3, 1, 8, 0, 8)}, "discriminator", 3)
+    batch = {"image": images(8), "rng": BatchRandom(0, 4, 0, 8, 0, 8)}
+    task.loss(batch, "generator", 4)  # leaves this step's reconstructions for the discriminator
+    fake = task._fakes[(4, 0)]
+    loss, logs = task.loss({**batch, "rng": BatchRandom(0, 4, 1, 8, 0, 8)}, "discriminator", 4)
     real = batch["image"].detach().requires_grad_(True)
     real_logits = task.discriminator(real)
     penalty = gradient_penalty(real_logits, real)
