@@ -26,6 +26,7 @@ from genforge.data.images import center_crop_resize, load_rgb, to_tensor
 from genforge.data.moving_shapes import write_moving_shapes_folder, write_moving_shapes_shards
 from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
+from genforge.engine.lock import RunDirectoryLocked
 from genforge.engine.logging import write_samples
 from genforge.engine.preemption import Preempted
 from genforge.engine.trainer import TrainingError
@@ -84,7 +85,7 @@ def train(
         _fail(str(err))
     try:
         out = trainer.fit()
-    except CheckpointReadError as err:
+    except (CheckpointReadError, RunDirectoryLocked) as err:
         _fail(str(err))
     except Preempted as stop:
         _fail(str(stop), code=stop.exit_code)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from genforge.core.config import DataConfig
+from genforge.core.config import ConfigError, DataConfig
 from genforge.core.registry import DATA_SOURCES
 from genforge.data.base import DataSource, collate
 from genforge.data.folder import ADM_RESIZE
@@ -50,10 +50,27 @@ class DataError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------- URL specs
+ALLOW_PIPE_ENV = "GENFORGE_ALLOW_PIPE"  # =1: shard URLs may be `pipe:` shell commands (an opt-in of the user's)
+
+
+def refuse_pipes(spec: str, field: str = "data.path") -> None:
+    """ConfigError for a `pipe:` URL in `spec` unless GENFORGE_ALLOW_PIPE=1 is set in the environment. webdataset runs
+    `pipe:CMD` as a shell command, so a config file or preset received from someone else could run code on
+    `genforge train`; the opt-in is an environment variable, never a config key that travels with the file."""
+    if os.environ.get(ALLOW_PIPE_ENV) == "1":
+        return
+    piped = [part for part in spec.split("::") if part.strip().startswith("pipe:")]
+    if piped:
+        raise ConfigError(f"{field}={piped[0]!r}: a 'pipe:' URL runs a shell command; genforge refuses it unless you "
+                          f"allow it for this shell: export {ALLOW_PIPE_ENV}=1 (docs/data.md)")
+
+
 def expand_spec(spec: str) -> list[str]:
-    """The shard URLs of a webdataset spec: `::`-separated parts, each brace-expanded, in order."""
+    """The shard URLs of a webdataset spec: `::`-separated parts, each brace-expanded, in order (`pipe:` URLs only
+    with the user's opt-in, `refuse_pipes`)."""
     from webdataset.shardlists import expand_urls
 
+    refuse_pipes(spec)
     return [url for url in expand_urls(spec) if url]
 
 
@@ -413,6 +430,10 @@ class ShardsSource(DataSource):
     name = "shards"
     path_help = "webdataset shards, e.g. data/train-{000000..000127}.tar"
     resize = ADM_RESIZE
+
+    def check(self, cfg: DataConfig) -> None:
+        super().check(cfg)
+        refuse_pipes(cfg.path)
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ShardDataset:
         spec = cfg.path

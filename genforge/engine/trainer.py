@@ -36,6 +36,7 @@ from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointE
                                         nonfinite_tensors, read_json, save_state, save_tensors, step_dir_name)
 from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
+from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
 from genforge.engine.logging import RunLogger, write_samples
 from genforge.engine.optim import build_optimizer, build_scheduler
 from genforge.engine.preemption import Preempted, StopRequests
@@ -60,8 +61,9 @@ class TrainingError(RuntimeError):
 
 
 def resolve_run_dir(base: Path, fresh: bool) -> Path:
-    """`base`, or with --fresh and an existing run there, the first free `base-1`, `base-2`, ..."""
-    if not fresh or not (base / "checkpoints").exists():
+    """`base`, or with --fresh and an existing run there (or one training into it now), the first free `base-1`,
+    `base-2`, ..."""
+    if not fresh or not ((base / "checkpoints").exists() or is_locked(base)):
         return base
     n = 1
     while (base.parent / f"{base.name}-{n}").exists():
@@ -496,8 +498,33 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- fit
     def fit(self, stop_at: int | None = None) -> Path:
-        """Train to `train.steps` (or stop after step `stop_at`, as if interrupted); returns the run dir.
+        """Train to `train.steps` (or stop after step `stop_at`, as if interrupted); returns the run dir. Holds the
+        run directory's lock throughout (RunDirectoryLocked when another trainer has it).
         SIGTERM/SIGINT/SIGUSR1 end the run after a checkpoint by raising Preempted."""
+        self._take_lock()
+        try:
+            return self._fit(stop_at)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
+
+    def _take_lock(self) -> None:
+        """The main process takes the run directory's lock (genforge.engine.lock); every rank raises
+        RunDirectoryLocked, naming the holder, when another process has it."""
+        refused = [""]
+        self.lock = None
+        if self.accelerator.is_main_process:
+            try:
+                self.lock = RunLock.acquire(self.run_dir)
+            except RunDirectoryLocked as err:
+                refused = [str(err)]
+        if self.accelerator.num_processes > 1:
+            refused = broadcast_object_list(refused)
+        if refused[0]:
+            raise RunDirectoryLocked(refused[0])
+
+    def _fit(self, stop_at: int | None) -> Path:
         acc, cfg = self.accelerator, self.run
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
