@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import textwrap
@@ -21,6 +22,7 @@ from genforge.app.config import ConfigError, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
 from genforge.app.runs import (FamilyOption, LoadedRun, build_task, count_parameters, family_sample_options, load_codec,
                                load_run, make_trainer, missing_inputs, run_family)
+from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.cache import MANIFEST, manifest_summary
 from genforge.data.images import center_crop_resize, load_rgb, to_tensor
 from genforge.data.moving_shapes import write_moving_shapes_folder, write_moving_shapes_shards
@@ -79,6 +81,7 @@ def train(
         typer.echo("# parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
         typer.echo(f"# run directory: {target}")
         return
+    _check_writable(target, "--run-dir")
     try:
         trainer = make_trainer(cfg, target, fresh=fresh)
     except (ValueError, FileNotFoundError) as err:
@@ -91,11 +94,31 @@ def train(
         _fail(str(stop), code=stop.exit_code)
     except (TrainingError, CheckpointError) as err:
         _fail(str(err), code=1)
+    except OSError as err:  # e.g. the disk filled up while writing metrics.jsonl or a preview
+        _fail(f"could not write the run in {target}: {err}", code=1)
     if trainer.accelerator.is_main_process:
         samples = sorted(p for p in (out / "samples").glob("step-*.*") if p.suffix != ".txt")  # not the captions
         typer.echo(f"run directory: {out}")
         if samples:
             typer.echo(f"samples: {samples[-1]}")
+
+
+def _check_writable(folder: Path, option: str) -> None:
+    """Exit 2 naming `option` when `folder` cannot be created or written (a file, under a file, read-only, /proc)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".tmp-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        _fail(f"{option} {folder}: cannot write there ({err.strerror or err})")
+
+
+def _check_finite(**values: float | None) -> None:
+    """Exit 2 naming the option of a NaN or infinite number (typer's min/max let inf through)."""
+    for name, value in values.items():
+        if value is not None and not math.isfinite(value):
+            _fail(f"--{name.replace('_', '-')} {value}: must be a finite number")
 
 
 def _open_run(run_dir: Path):
@@ -224,6 +247,11 @@ def sample(
     """Write a PNG grid of samples (a GIF or MP4 of clips for video models) from the run's EMA weights, and the
     prompts, one per cell, beside it. Besides these options, each family has its own (`genforge sample RUN_DIR
     --help` lists those of the run's family)."""
+    _check_finite(cfg_scale=cfg_scale)
+    if out is not None:  # before sampling: a wrong --out should not cost the samples
+        if out.suffix and out.suffix.lower() not in PREVIEW_WRITERS:
+            _fail(f"--out {out}: no writer for {out.suffix!r} files; allowed: {', '.join(PREVIEW_WRITERS)}")
+        _check_writable(out.parent, "--out")
     prompt_list = _read_prompts(prompts) if prompts is not None else None
     if prompt is not None and prompt_list is not None:
         _fail("--prompt and --prompts: give one of them")
@@ -250,6 +278,8 @@ def sample(
         path = write_samples(run.task, cond, images, out or default)
     except ConfigError as err:  # an --out suffix no writer has, or one that cannot show these outputs
         _fail(str(err))
+    except OSError as err:
+        _fail(f"--out {out or default}: cannot write it ({err.strerror or err})")
     settings = run.task.sampler_settings(**{k: v for k, v in opts.items() if not isinstance(v, torch.Tensor)})
     typer.echo(f"wrote {n} samples ({json.dumps(settings)}) to {path}")
     if "text" in cond:
@@ -300,6 +330,7 @@ def evaluate(
 ) -> None:
     """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch). Sampling options
     of the run's family that apply to evaluation are listed by `genforge eval RUN_DIR --help`."""
+    _check_finite(cfg_scale=cfg_scale)
     _join_process_group()
     run, device = _open_run(run_dir)
     names = metrics.split(",") if metrics else run.config.eval.metrics

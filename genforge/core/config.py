@@ -18,9 +18,10 @@ __all__ = ["ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImag
 
 
 class StrictModel(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are validated."""
+    """Base of every config section: unknown keys are errors, assignments are validated, and no number is NaN or
+    infinite (a weight decay of inf or a guidance of NaN is refused naming its field, before anything runs)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 class ShapesConfig(StrictModel):

@@ -6,6 +6,7 @@ an animated grid, .gif, or .mp4 when asked)."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,7 @@ from PIL import Image
 from torch import Tensor
 
 from genforge.core.config import ConfigError
+from genforge.core.files import TMP_PREFIX, write_atomically
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.images import to_uint8
 from genforge.data.video import write_video
@@ -84,7 +86,12 @@ def write_preview(outputs: Tensor, path: Path, nrow: int | None = None, captions
         raise ConfigError(f"{path.name}: a {writer.suffix} file cannot show outputs of shape {tuple(outputs.shape)}; "
                           f"use {preview_suffix(outputs)}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer.write(outputs, path, nrow)
-    if captions is not None:
-        path.with_suffix(".txt").write_text("".join(f"{c}\n" for c in captions), encoding="utf-8")
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")  # a full disk leaves no torn or empty file behind
+    try:
+        writer.write(outputs, tmp, nrow)
+        os.replace(tmp, path)
+        if captions is not None:
+            write_atomically(path.with_suffix(".txt"), "".join(f"{c}\n" for c in captions))
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

@@ -1,0 +1,57 @@
+"""Misuse ends with exit 2 and a message naming the option, field or file, never a traceback (issue 35 items 7-10):
+unwritable --run-dir / --out, non-finite numbers, an --out suffix no writer has (checked before sampling); a full
+disk while writing a preview leaves no torn file."""
+
+import dataclasses
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from genforge.cli import app
+from genforge.core.registry import PREVIEW_WRITERS
+from genforge.data.previews import write_preview
+
+runner = CliRunner()
+OLD_RUN = Path(__file__).parent / "fixtures" / "runs-3f8e24e" / "dit"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "dit-debug", "--set", "train.weight_decay=inf", "--dry-run"], "train.weight_decay"),
+    (["train", "dit-debug", "--set", "model.diffusion.cfg_scale=nan", "--dry-run"], "model.diffusion.cfg_scale"),
+    (["train", "dit-debug", "--set", "train.betas=[0.9,inf]", "--dry-run"], "train.betas"),
+    (["sample", str(OLD_RUN), "--cfg-scale", "inf"], "--cfg-scale inf: must be a finite number"),
+    (["eval", str(OLD_RUN), "--cfg-scale", "inf", "--metrics", "fid"], "--cfg-scale inf: must be a finite number"),
+    (["sample", str(OLD_RUN), "--out", "grid.jpgx"], "no writer for '.jpgx' files"),
+])
+def test_bad_values_exit_2_naming_them(args, message):
+    out = runner.invoke(app, args)
+    assert out.exit_code == 2 and message in out.output, out.output
+
+
+def test_unwritable_places_exit_2_naming_them(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(blocker / "run")])
+    assert out.exit_code == 2 and "--run-dir" in out.output and "cannot write there" in out.output
+    out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(blocker)])
+    assert out.exit_code == 2 and "--run-dir" in out.output
+    sampled = []
+    monkeypatch.setattr("genforge.cli.generate", lambda *a, **k: sampled.append(1))
+    out = runner.invoke(app, ["sample", str(OLD_RUN), "--out", str(blocker / "grid.png")])
+    assert out.exit_code == 2 and "--out" in out.output and not sampled  # refused before sampling
+
+
+def test_a_full_disk_while_writing_a_preview_leaves_no_file(tmp_path, monkeypatch):
+    writer = PREVIEW_WRITERS.get(".png")
+
+    def full(outputs, path, nrow):
+        Path(path).write_bytes(b"")  # what a writer leaves when the disk fills
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setitem(PREVIEW_WRITERS._entries, ".png", dataclasses.replace(writer, write=full))
+    with pytest.raises(OSError):
+        write_preview(torch.zeros(4, 3, 8, 8), tmp_path / "grid.png", captions=["a"] * 4)
+    assert list(tmp_path.iterdir()) == []
