@@ -270,22 +270,27 @@ def expected_tensors(tensors: Mapping[str, Tensor]) -> dict[str, tuple[tuple[int
 def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (dtype, shape) of a safetensors file, from its header only (8-byte length + JSON; no data is read,
     nothing is unpickled). A CheckpointReadError names the file when the header or the offsets do not add up."""
+
+    def unreadable(why: str) -> CheckpointReadError:
+        return CheckpointReadError(f"{path} is not a readable safetensors file ({why}); genforge never unpickles "
+                                   "checkpoints")
+
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise CheckpointReadError(f"{path} is not a safetensors file ({size} bytes, no header)")
+                raise unreadable(f"{size} bytes, no header")
             (length,) = struct.unpack("<Q", head)
             if length > size - 8:
-                raise CheckpointReadError(f"{path}: its header claims {length} bytes, but the file has only {size}")
+                raise unreadable(f"its header claims {length} bytes, but the file has only {size}")
             header = json.loads(f.read(length))
     except OSError as err:
-        raise CheckpointReadError(f"{path} is not readable ({err})") from err
+        raise unreadable(str(err)) from err
     except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointReadError(f"{path} is not a safetensors file (its header is not JSON: {err})") from err
+        raise unreadable(f"its header is not JSON: {err}") from err
     if not isinstance(header, dict):
-        raise CheckpointReadError(f"{path} is not a safetensors file (its header is not a JSON object)")
+        raise unreadable("its header is not a JSON object")
     data_size, found = size - 8 - length, {}
     for name, entry in header.items():
         if name == "__metadata__":
@@ -297,13 +302,13 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
                 count *= d
             width = SAFETENSORS_DTYPES[dtype]
         except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointReadError(f"{path}: tensor {name!r} has a malformed header entry ({err!r})") from None
+            raise unreadable(f"tensor {name!r} has a malformed header entry: {err!r}") from None
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= data_size):
-            raise CheckpointReadError(f"{path}: tensor {name!r} lies at bytes {begin}..{end}, past the end of its "
-                                      f"{data_size} data bytes (a truncated file?)")
+            raise unreadable(f"tensor {name!r} lies at bytes {begin}..{end}, past the end of its {data_size} data "
+                             "bytes: a truncated file?")
         if end - begin != count * width:
-            raise CheckpointReadError(f"{path}: tensor {name!r} {dtype}{list(shape)} needs {count * width} bytes, "
-                                      f"its offsets give {end - begin}")
+            raise unreadable(f"tensor {name!r} {dtype}{list(shape)} needs {count * width} bytes, its offsets give "
+                             f"{end - begin}")
         found[name] = (dtype, shape)
     return found
 
