@@ -92,6 +92,8 @@ def save_state(stem: Path, state: Any) -> None:
 
 def load_tensors(path: Path, device: str = "cpu") -> dict[str, Tensor]:
     """A safetensors file; anything else (a pickle, a torn file) is a CheckpointError, never executed."""
+    if torch.device(device).type == "cpu":
+        device = "cpu"  # safetensors refuses "cpu:0", the device of a multi-process CPU run
     try:
         return load_file(str(path), device=device)
     except (SafetensorError, OSError) as err:
