@@ -317,8 +317,10 @@ class Trainer:
                     else:
                         notes.append(why)
                 if chosen is not None and rejected:
-                    self.checkpoints.set_latest(chosen)
                     notes.append(f"resuming from the previous checkpoint {chosen.name}")
+                marker = self.checkpoints.root / "latest"
+                if chosen is not None and marker.read_bytes() != f"{chosen.name}\n".encode():
+                    self.checkpoints.set_latest(chosen)  # after a fallback, or a kill between rename and `latest`
                 decision = [{"chosen": str(chosen) if chosen else None, "notes": notes}]
             except (CheckpointReadError, OSError) as err:
                 decision = [{"error": str(err)}]

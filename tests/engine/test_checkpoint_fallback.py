@@ -3,8 +3,11 @@ same final weights as an uninterrupted run; sample and eval skip it without touc
 
 import hashlib
 import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +163,30 @@ def test_verify_checkpoint_reads_headers_only(runs, tmp_path):
     (ckpt / "model.safetensors").write_bytes(b"\x80\x04\x95" + b"\x00" * 64)  # a pickle's opening bytes
     with pytest.raises(CheckpointReadError, match="model.safetensors"):
         verify_checkpoint(ckpt)
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_fallback(tmp_path):
+    """A 2-rank checkpoint missing rank 1's RNG state is moved aside by rank 0 only; both ranks resume from the one
+    before and end where a straight 2-process run ends."""
+    here = Path(__file__).parent
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(here.parents[1]))
+    overrides = ["train.checkpoint_every=2", "train.sample_every=0", "eval.every=0", "log.progress=false"]
+
+    def torchrun(run_dir: Path, out_dir: Path, steps: int) -> subprocess.CompletedProcess:
+        out_dir.mkdir(exist_ok=True)
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               str(here / "ddp_worker.py"), str(run_dir), str(out_dir), f"train.steps={steps}",
+                               *overrides], env=env, capture_output=True, text=True, timeout=300)
+
+    assert torchrun(tmp_path / "straight", tmp_path / "s", 6).returncode == 0
+    assert torchrun(tmp_path / "run", tmp_path / "first", 4).returncode == 0
+    (tmp_path / "run" / "checkpoints" / "step-000004" / "rng" / "rank-1.json").unlink()
+    done = torchrun(tmp_path / "run", tmp_path / "r", 6)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank-1.json is missing" in done.stderr and done.stderr.count("moved aside") == 1
+    assert (tmp_path / "run" / "checkpoints" / "damaged-step-000004").is_dir()
+    for rank in (0, 1):
+        straight = load_file(str(tmp_path / "s" / f"rank{rank}-of2.safetensors"))
+        resumed = load_file(str(tmp_path / "r" / f"rank{rank}-of2.safetensors"))
+        assert all(torch.equal(straight[k], resumed[k]) for k in straight)
