@@ -7,6 +7,8 @@ what the data set says about itself.
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,7 +27,8 @@ from genforge.core.task import Task
 from genforge.data.base import DataInfo
 from genforge.data.cache import check_cache
 from genforge.data.loader import HeldOutData, image_data, scan_data_info
-from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, load_tensors, read_json
+from genforge.engine.checkpoint import (CheckpointDir, CheckpointReadError, expected_tensors, load_tensors,
+                                        newest_usable, read_json, verify_checkpoint)
 from genforge.engine.trainer import Trainer, TrainingRun
 
 # which families' runs make each kind of codes, from the roles their configs declare (genforge.eval.metrics)
@@ -124,21 +127,48 @@ def count_parameters(task: Task) -> dict[str, int]:
 
 
 def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True) -> LoadedRun:
-    """Config + task with the latest checkpoint's EMA (or live) weights, safetensors only. On the meta device
-    only the structure is built (nothing is read but the config and the checkpoint's JSON)."""
+    """Config + task with the EMA (or live) weights of the newest checkpoint that verifies, safetensors only. A
+    damaged newer checkpoint is named in a warning on stderr and skipped, never moved or changed (a reader); a
+    CheckpointReadError names the files when none is usable. On the meta device only the structure is built
+    (nothing is read but the config, the checkpoint's JSON and safetensors headers)."""
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(str(config_path))
-    ckpt = CheckpointDir(run_dir / "checkpoints").latest()
+    ckpts = CheckpointDir(run_dir / "checkpoints")
+    tasks: dict[str, Task] = {}  # by data_info: built once
+
+    def task_of(ckpt: Path) -> Task:
+        data_info = read_json(ckpt / "trainer_state.json")["data_info"]
+        key = json.dumps(data_info, sort_keys=True)
+        if key not in tasks:
+            try:  # a finished run is sampled, not trained: its data cache is neither needed nor re-checked (a
+                # generator keeps the codec weights it trained with in its own checkpoint)
+                info = replace(DataInfo(**data_info), encoder_hash=None)
+            except TypeError as err:
+                raise CheckpointReadError(f"{ckpt / 'trainer_state.json'}: data_info is not readable ({err})") from None
+            tasks[key] = build_task(cfg, info, device)
+        return tasks[key]
+
+    def verify(ckpt: Path) -> None:
+        verify_checkpoint(ckpt)  # before anything of it is used
+        task = task_of(ckpt)
+        shadow = {n: (tuple(p.shape), torch.float32) for n, p in task.ema_module().named_parameters()}
+        try:
+            verify_checkpoint(ckpt, expected_tensors(task.state_dict()), expected_ema=shadow if ema else None,
+                              ema_may_lack=set(shadow))
+        except CheckpointReadError as err:
+            raise CheckpointReadError(f"{err} (it does not match the model of {config_path}: was its model "
+                                      "section edited?)") from None
+
+    ckpt, rejected = newest_usable(ckpts, verify)
     if ckpt is None:
         raise ConfigError(f"{run_dir} has no checkpoint yet (checkpoints/latest is missing)")
+    for path, why in rejected:
+        print(f"genforge: warning: skipping {path.name}: {why}; using {ckpt.name}", file=sys.stderr)
     state = read_json(ckpt / "trainer_state.json")
-    # a finished run is sampled, not trained: its data cache is neither needed nor re-checked (a generator
-    # keeps the codec weights it trained with in its own checkpoint)
-    info = replace(DataInfo(**state["data_info"]), encoder_hash=None)
-    task = build_task(cfg, info, device)
+    task = task_of(ckpt)
     if torch.device(device).type != "meta":
         missing, unexpected = task.load_state_dict(load_tensors(ckpt / "model.safetensors", str(device)), strict=False)
         if missing or unexpected:

@@ -8,9 +8,12 @@ checkpoints/step-000500/
     trainer_state.json       step, family state, ...
 checkpoints/latest           name of the newest complete checkpoint, written last
 checkpoints/best             {"name", "value"} of the best checkpoint by train.keep_best (optional)
+checkpoints/damaged-step-000600[-N]   a checkpoint that failed `verify_checkpoint` on resume, moved aside (kept)
 
 A checkpoint is written into `.tmp-step-...`, fsynced, renamed into place, and only then named by
 `latest`; a kill at any moment leaves the previous `latest` loadable, and start-up removes the debris.
+Before loading, `verify_checkpoint` checks a folder without reading its tensors, and `newest_usable` picks the
+newest one that passes, so a damaged newest checkpoint falls back to the one before.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import json
 import os
 import re
 import shutil
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from safetensors import SafetensorError
@@ -30,6 +34,7 @@ from torch import Tensor
 from genforge.core.files import TMP_PREFIX, fsync_dir, fsync_tree, write_atomically
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
+DAMAGED_PREFIX = "damaged-"  # checkpoints moved aside on resume; nothing lists them again
 
 
 class CheckpointError(RuntimeError):
@@ -87,6 +92,8 @@ def save_state(stem: Path, state: Any) -> None:
 
 def load_tensors(path: Path, device: str = "cpu") -> dict[str, Tensor]:
     """A safetensors file; anything else (a pickle, a torn file) is a CheckpointError, never executed."""
+    if torch.device(device).type == "cpu":
+        device = "cpu"  # safetensors refuses "cpu:0", the device of a multi-process CPU run
     try:
         return load_file(str(path), device=device)
     except (SafetensorError, OSError) as err:
@@ -203,6 +210,22 @@ class CheckpointDir:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
         return stale
 
+    def move_aside(self, path: Path) -> Path:
+        """Rename a damaged checkpoint to `damaged-<name>[-N]` (kept for inspection, ignored from then on)."""
+        target = self.root / f"{DAMAGED_PREFIX}{path.name}"
+        n = 1
+        while target.exists():
+            target = self.root / f"{DAMAGED_PREFIX}{path.name}-{n}"
+            n += 1
+        os.replace(path, target)
+        fsync_dir(self.root)
+        return target
+
+    def set_latest(self, path: Path) -> None:
+        """Point `latest` at the committed checkpoint `path` (after a fallback)."""
+        write_atomically(self.root / "latest", path.name + "\n")
+        fsync_dir(self.root)
+
     def _remove(self, path: Path) -> None:
         """Rename out of the listing first, so a kill mid-delete leaves only debris that start-up cleans."""
         doomed = path.with_name(f"{TMP_PREFIX}old-{path.name}")
@@ -226,3 +249,168 @@ def read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise CheckpointReadError(f"{path} is not readable JSON ({err})") from err
+
+
+# ------------------------------------------------------------------------------------------ verification
+SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                      "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+TORCH_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                torch.bool: "BOOL"}
+# trainer_state.json keys and their JSON types: what sampling needs, and what resuming needs besides
+STATE_KEYS: dict[str, type | tuple[type, ...]] = {"step": int, "family_state": dict, "data_info": dict}
+RESUME_KEYS: dict[str, type | tuple[type, ...]] = {"global_batch": int, "num_samples": (int, type(None)),
+                                                   "world_size": int}
+Expected = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def expected_tensors(tensors: Mapping[str, Tensor]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """name -> (shape, dtype) of a state dict, for `verify_checkpoint(expected=...)`."""
+    return {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, shape) of a safetensors file, from its header only (8-byte length + JSON; no data is read,
+    nothing is unpickled). A CheckpointReadError names the file when the header or the offsets do not add up."""
+
+    def unreadable(why: str) -> CheckpointReadError:
+        return CheckpointReadError(f"{path} is not a readable safetensors file ({why}); genforge never unpickles "
+                                   "checkpoints")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise unreadable(f"{size} bytes, no header")
+            (length,) = struct.unpack("<Q", head)
+            if length > size - 8:
+                raise unreadable(f"its header claims {length} bytes, but the file has only {size}")
+            header = json.loads(f.read(length))
+    except OSError as err:
+        raise unreadable(str(err)) from err
+    except (ValueError, UnicodeDecodeError) as err:
+        raise unreadable(f"its header is not JSON: {err}") from err
+    if not isinstance(header, dict):
+        raise unreadable("its header is not a JSON object")
+    data_size, found = size - 8 - length, {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
+            count = 1
+            for d in shape:
+                count *= d
+            width = SAFETENSORS_DTYPES[dtype]
+        except (KeyError, TypeError, ValueError) as err:
+            raise unreadable(f"tensor {name!r} has a malformed header entry: {err!r}") from None
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= data_size):
+            raise unreadable(f"tensor {name!r} lies at bytes {begin}..{end}, past the end of its {data_size} data "
+                             "bytes: a truncated file?")
+        if end - begin != count * width:
+            raise unreadable(f"tensor {name!r} {dtype}{list(shape)} needs {count * width} bytes, its offsets give "
+                             f"{end - begin}")
+        found[name] = (dtype, shape)
+    return found
+
+
+def _check_tensors(path: Path, expected: Expected, may_lack: Iterable[str]) -> None:
+    """The names, shapes and dtypes in the header of `path` are those of `expected` (names in `may_lack` may be
+    absent)."""
+    found = safetensors_header(path)
+    unexpected = sorted(set(found) - set(expected))
+    missing = sorted(set(expected) - set(found) - set(may_lack))
+    if unexpected or missing:
+        raise CheckpointReadError(f"{path} does not match this model: missing {missing[:5]}, unexpected "
+                                  f"{unexpected[:5]}")
+    for name, (dtype, shape) in sorted(found.items()):
+        want_shape, want_dtype = expected[name]
+        want = TORCH_DTYPES.get(want_dtype, str(want_dtype))
+        if tuple(want_shape) != shape or want != dtype:
+            raise CheckpointReadError(f"{path}: tensor {name!r} is {dtype}{list(shape)}, this model's is "
+                                      f"{want}{list(want_shape)}")
+
+
+def _check_state_files(stem: Path) -> None:
+    """A save_state pair: `stem.json` (readable JSON) and `stem.safetensors` (a sane header)."""
+    for part in (stem.with_suffix(".json"), stem.with_suffix(".safetensors")):
+        if not part.is_file():
+            raise CheckpointReadError(f"{part} is missing: the checkpoint is not complete")
+    read_json(stem.with_suffix(".json"))
+    safetensors_header(stem.with_suffix(".safetensors"))
+
+
+def _stems(folder: Path) -> set[str]:
+    return {p.stem for p in folder.iterdir() if p.suffix in (".json", ".safetensors")} if folder.is_dir() else set()
+
+
+def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_ema: Expected | None = None,
+                      may_lack: Iterable[str] = (), ema_may_lack: Iterable[str] = (), resume: bool = False) -> None:
+    """Check a checkpoint folder without loading its tensors; a CheckpointReadError names the file and the cause.
+
+    Always: model.safetensors and ema.safetensors with sane headers, trainer_state.json a JSON object with the keys
+    sampling needs. With `expected` (`expected_ema`): the tensor names, shapes and dtypes of model.safetensors
+    (ema.safetensors) match it, names in `may_lack` (`ema_may_lack`) may be absent. With `resume` (what training
+    needs besides): the resume keys of trainer_state.json, the optimizer files of each phase in optim/ and the rng
+    files of every rank of the run that wrote it."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointReadError(f"{path} does not exist")
+    for name in ("model.safetensors", "ema.safetensors", "trainer_state.json"):
+        if not (path / name).is_file():
+            raise CheckpointReadError(f"{path / name} is missing: the checkpoint is not complete")
+    state_path = path / "trainer_state.json"
+    state = read_json(state_path)
+    if not isinstance(state, dict):
+        raise CheckpointReadError(f"{state_path} holds a JSON {type(state).__name__}, not an object")
+    for key, kind in {**STATE_KEYS, **(RESUME_KEYS if resume else {})}.items():
+        if key not in state:
+            raise CheckpointReadError(f"{state_path} lacks the key {key!r}")
+        if not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool)):
+            raise CheckpointReadError(f"{state_path}: {key!r} is {state[key]!r}, not of the expected type")
+    if expected is not None:
+        _check_tensors(path / "model.safetensors", expected, may_lack)
+    else:
+        safetensors_header(path / "model.safetensors")
+    if expected_ema is not None:
+        _check_tensors(path / "ema.safetensors", expected_ema, ema_may_lack)
+    else:
+        safetensors_header(path / "ema.safetensors")
+    if not resume:
+        return
+    optim = _stems(path / "optim")
+    listed = state.get("optim_files")  # written since checkpoints are verified; older ones: what is there
+    if not optim and not listed:
+        raise CheckpointReadError(f"{path / 'optim'} holds no optimizer state: the checkpoint is not complete")
+    for stem in sorted(set(listed) if isinstance(listed, list) else optim):
+        _check_state_files(path / "optim" / str(stem))
+    for rank in range(state["world_size"]):
+        _check_state_files(path / "rng" / f"rank-{rank}")
+
+
+def newest_usable(ckpts: CheckpointDir, verify: Callable[[Path], None]) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest committed checkpoint that `verify` accepts, and (path, why) of each newer one it rejected (a
+    `latest` naming a folder that is not there among them). (None, []) when there is no checkpoint yet (no
+    `latest`); a CheckpointReadError naming every rejected file when none is usable. Changes nothing on disk."""
+    marker = ckpts.root / "latest"
+    if not marker.is_file():
+        return None, []
+    rejected: list[tuple[Path, str]] = []
+    try:
+        named = ckpts.root / marker.read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        named, why = marker, f"{marker} is not readable ({err})"
+        rejected.append((marker, why))
+    candidates = ckpts.complete()[::-1]
+    if named != marker and named not in candidates:
+        rejected.append((marker, f"{marker} names {named.name!r}, which is not a committed checkpoint"))
+    for path in candidates:
+        try:
+            verify(path)
+        except CheckpointReadError as err:
+            rejected.append((path, str(err)))
+            continue
+        return path, rejected
+    raise CheckpointReadError("no usable checkpoint in " + str(ckpts.root) + ": " +
+                              "; ".join(why for _, why in rejected))

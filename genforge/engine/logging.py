@@ -77,6 +77,11 @@ class RunLogger:
         if self.wandb:
             self.wandb.log(values, step=step)
 
+    def event(self, step: int, kind: str, message: str) -> None:
+        """A line of text in metrics.jsonl (e.g. a damaged checkpoint moved aside on resume)."""
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, "time": round(time.time(), 3), "event": kind, "message": message}) + "\n")
+
     def histogram(self, step: int, tag: str, counts: list[int]) -> None:
         """A histogram of integer values given as the count of each value 0..len(counts)-1 (e.g. code ids)."""
         values = np.arange(len(counts), dtype=np.float64)

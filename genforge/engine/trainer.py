@@ -32,8 +32,9 @@ from genforge.core.task import Task
 from genforge.data.base import DataInfo, collate
 from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, data_info, dataset_size,
                                   heldout_samples)
-from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, load_state, load_tensors,
-                                        nonfinite_tensors, read_json, save_state, save_tensors, step_dir_name)
+from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, CheckpointReadError,
+                                        expected_tensors, load_state, load_tensors, newest_usable, nonfinite_tensors,
+                                        read_json, save_state, save_tensors, step_dir_name, verify_checkpoint)
 from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
 from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
@@ -259,6 +260,7 @@ class Trainer:
             save_state(tmp / "optim" / phase, saved)
         if acc.scaler is not None:
             save_state(tmp / "optim" / "grad_scaler", acc.scaler.state_dict())
+        optim_files = sorted(p.stem for p in (tmp / "optim").glob("*.json"))
         state = {
             "step": self.step,
             "data_position": self.data_position,
@@ -270,6 +272,7 @@ class Trainer:
             "family_state": self.task.state_for_checkpoint(),
             "data_info": asdict(self.data_info),
             "eval": self.last_eval if self.last_eval.get("step") == self.step else None,
+            "optim_files": optim_files,  # what verify_checkpoint requires in optim/
         }
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
 
@@ -285,6 +288,49 @@ class Trainer:
         if missing and self.accelerator.is_main_process:
             print(f"genforge: {name} has no weights for {len(missing)} tensors of a phase added since (e.g. "
                   f"{missing[0]}): they start from their initial values", file=sys.stderr)
+
+    def verify_for_resume(self, path: Path) -> None:
+        """`verify_checkpoint` with everything resuming needs, against this run's model and EMA (weights of a phase
+        the checkpoint never trained may be absent); raises CheckpointReadError naming the file."""
+        new_phases = [p for p in self.task.phase_names() if not (path / "optim" / f"{p}.json").exists()]
+        fresh = {id(p) for phase in new_phases for p in self.task.parameters_for(phase)}
+        params = dict(self.task.named_parameters())
+        verify_checkpoint(path, expected_tensors(self.task.state_dict()),
+                          expected_ema=expected_tensors(self.ema.state_dict()),
+                          may_lack={n for n, p in params.items() if id(p) in fresh},
+                          ema_may_lack={n for n, p in self.task.ema_module().named_parameters() if id(p) in fresh},
+                          resume=True)
+
+    def choose_checkpoint(self) -> tuple[Path | None, list[str]]:
+        """The checkpoint to resume from: the newest that verifies. The main process moves each damaged newer one
+        aside (`damaged-step-...`) and points `latest` at the one used; every rank gets the same decision. Returns
+        it (None: start from step 0) and a line per checkpoint moved aside. CheckpointReadError when none is
+        usable (nothing is moved then)."""
+        acc = self.accelerator
+        decision: list[Any] = [None]
+        if acc.is_main_process:
+            try:
+                chosen, rejected = newest_usable(self.checkpoints, self.verify_for_resume)
+                notes = []
+                for path, why in rejected:
+                    if path.is_dir():
+                        moved = self.checkpoints.move_aside(path)
+                        notes.append(f"checkpoint {path.name} is damaged ({why}); moved aside to {moved}")
+                    else:
+                        notes.append(why)
+                if chosen is not None and rejected:
+                    notes.append(f"resuming from the previous checkpoint {chosen.name}")
+                marker = self.checkpoints.root / "latest"
+                if chosen is not None and marker.read_bytes() != f"{chosen.name}\n".encode():
+                    self.checkpoints.set_latest(chosen)  # after a fallback, or a kill between rename and `latest`
+                decision = [{"chosen": str(chosen) if chosen else None, "notes": notes}]
+            except (CheckpointReadError, OSError) as err:
+                decision = [{"error": str(err)}]
+        broadcast_object_list(decision)
+        if "error" in decision[0]:
+            raise CheckpointReadError(decision[0]["error"])
+        chosen = decision[0]["chosen"]
+        return (Path(chosen) if chosen else None), decision[0]["notes"]
 
     def load_checkpoint(self, path: Path, skip: Iterable[str] = ()) -> None:
         """Restore everything `save_checkpoint` wrote (safetensors/JSON only; nothing is unpickled). `skip`
@@ -531,13 +577,18 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(cfg.config_yaml)
             self.checkpoints.clean_incomplete()
         acc.wait_for_everyone()
-        latest = self.checkpoints.latest()
+        latest, notes = self.choose_checkpoint()
+        if acc.is_main_process:
+            for note in notes:
+                print(f"genforge: warning: {note}", file=sys.stderr)
         if latest is not None:
             self.load_checkpoint(latest)
             if acc.is_main_process:
                 print(f"genforge: resumed from {latest} (step {self.step})", file=sys.stderr)
         self.logger = RunLogger(self.run_dir, cfg.log, cfg.config_dict, resume_step=self.step) \
             if acc.is_main_process else None
+        for note in notes if self.logger else ():
+            self.logger.event(self.step, "checkpoint_fallback", note)
         try:
             with StopRequests() as stop:
                 self._loop(stop, stop_at)
