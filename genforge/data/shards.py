@@ -261,8 +261,8 @@ def add_text_and_label(record: Record, meta: dict[str, Any], sample: dict[str, A
 
 def consistent(samples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Samples that stack into one batch, and the others as (key, reason). A field most samples have is
-    required (a missing caption is ""), one few have is dropped; tensors of a shape other than the most common
-    one are unreadable."""
+    required (a missing caption is ""), one few have is left to `collate`, which drops it and names a sample
+    lacking it in `batch["missing"]`; tensors of a shape other than the most common one are unreadable."""
     good, bad = list(samples), []
     counts = Counter(f for s in samples for f in s if f != "key")
     for field, count in counts.items():
@@ -272,10 +272,8 @@ def consistent(samples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
         elif 2 * count > len(samples):
             bad += [(s["key"], f"no {field}, which most records of its batch have") for s in good if field not in s]
             good = [s for s in good if field in s]
-        else:
-            for s in good:
-                s.pop(field, None)
-    for field in [f for f in counts if good and isinstance(good[0].get(f), torch.Tensor)]:
+    stacked = [f for f in counts if good and all(f in s for s in good) and isinstance(good[0][f], torch.Tensor)]
+    for field in stacked:  # the tensors collate stacks
         shape = Counter(tuple(s[field].shape) for s in good).most_common(1)[0][0]
         bad += [(s["key"], f"{field} of shape {list(s[field].shape)}, others in its batch {list(shape)}")
                 for s in good if tuple(s[field].shape) != shape]

@@ -6,6 +6,7 @@ import os
 import tarfile
 from pathlib import Path
 
+import torch
 from typer.testing import CliRunner
 
 from genforge.cli import app
@@ -100,3 +101,14 @@ def test_an_all_broken_folder_exits_2_naming_it(tmp_path):
     assert f"data.path='{root}'" in out.output and "all 12 samples are unreadable" in out.output
     assert "skipped.jsonl" in out.output and "Traceback" not in out.output
     assert len(_skipped(tmp_path / "run")) == 12
+
+
+def test_a_field_few_records_have_is_left_out_and_named():
+    from genforge.data.base import collate
+    from genforge.data.shards import consistent
+
+    samples = [{"key": f"s/r{n}", "image": torch.zeros(3, 4, 4)} for n in range(4)]
+    samples[1]["label"] = 1
+    good, bad = consistent(samples)
+    batch = collate(good)
+    assert bad == [] and "label" not in batch and batch["missing"] == {"label": "s/r0"}
