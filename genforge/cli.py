@@ -20,13 +20,15 @@ from typer.core import TyperCommand
 
 from genforge.app.config import ConfigError, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
-from genforge.app.runs import (FamilyOption, LoadedRun, build_task, count_parameters, family_sample_options, load_codec,
-                               load_run, make_trainer, missing_inputs, run_family)
+from genforge.app.runs import (FamilyOption, LoadedRun, build_task, check_data_size, count_parameters,
+                               family_sample_options, load_codec, load_run, make_trainer, missing_inputs, run_family)
 from genforge.core.registry import PREVIEW_WRITERS
+from genforge.data.base import BadDataError
 from genforge.data.cache import MANIFEST, manifest_summary
 from genforge.data.images import center_crop_resize, load_rgb, to_tensor
 from genforge.data.moving_shapes import write_moving_shapes_folder, write_moving_shapes_shards
 from genforge.data.shapes import write_shapes_folder, write_shapes_shards
+from genforge.data.shards import DataError
 from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
 from genforge.engine.lock import RunDirectoryLocked
 from genforge.engine.logging import write_samples
@@ -69,6 +71,7 @@ def train(
             return
         try:
             task = build_task(cfg, device="meta")
+            check_data_size(cfg)
         except FileNotFoundError as err:  # the data is not there (yet): the config itself is valid
             typer.echo(to_yaml(cfg).rstrip())
             typer.echo(f"# parameters: not counted until the data exists: {err}")
@@ -88,7 +91,7 @@ def train(
         _fail(str(err))
     try:
         out = trainer.fit()
-    except (CheckpointReadError, RunDirectoryLocked) as err:
+    except (CheckpointReadError, RunDirectoryLocked, BadDataError, DataError) as err:  # bad input: exit 2
         _fail(str(err))
     except Preempted as stop:
         _fail(str(stop), code=stop.exit_code)

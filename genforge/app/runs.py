@@ -26,7 +26,7 @@ from genforge.core.registry import FAMILIES
 from genforge.core.task import Task
 from genforge.data.base import DataInfo
 from genforge.data.cache import check_cache
-from genforge.data.loader import HeldOutData, image_data, scan_data_info
+from genforge.data.loader import HeldOutData, build_dataset, check_enough_samples, image_data, scan_data_info
 from genforge.engine.checkpoint import (CheckpointDir, CheckpointReadError, expected_tensors, load_tensors,
                                         newest_usable, read_json, verify_checkpoint)
 from genforge.engine.trainer import Trainer, TrainingRun
@@ -227,6 +227,12 @@ def training_run(cfg: RunConfig) -> TrainingRun:
     """What the trainer gets of `cfg`: its sections, the task builder, and the resolved config to write."""
     return TrainingRun(cfg.data, cfg.train, cfg.eval, cfg.log, build_task=lambda info: build_task(cfg, info),
                        config_yaml=to_yaml(cfg), config_dict=cfg.model_dump(mode="json"))
+
+
+def check_data_size(cfg: RunConfig) -> None:
+    """BadDataError when the training data holds fewer samples than train.batch_size, where the source can count
+    them without reading them (a folder lists its files; a stream of shards cannot tell)."""
+    check_enough_samples(build_dataset(cfg.data, "train"), cfg.data, cfg.train.batch_size)
 
 
 def make_trainer(cfg: RunConfig, run_dir: Path, fresh: bool = False) -> Trainer:

@@ -31,6 +31,29 @@ class CacheError(ValueError):
     """A cache that cannot be written or read, or that does not fit the run; the message names the file."""
 
 
+class BadDataError(ValueError):
+    """Data a run cannot train on (a field the task needs is missing, nothing is readable): bad input, so the
+    CLI exits 2; the message names the file or sample and the field."""
+
+
+# What each condition field is, and where a sample gets it, for errors naming a missing one
+FIELD_HELP = {
+    "label": "a class label (shards: .cls or the .json's label; a folder: class sub-folders)",
+    "text": "a caption (shards: .txt or the .json's caption; a folder: a sidecar <stem>.txt per image)",
+    "image_embed": "an image embedding (shards: a 1-D .npy or data.image_embeds)",
+    "latent": "a latent (shards: a 3-D .npy; a cache written by `genforge encode`)",
+    "direction": "a motion direction (moving shapes)",
+}
+
+
+def missing_field_error(field: str, key: str | None) -> BadDataError:
+    """The error for a batch without `field`, which the run's task needs; `key`: a sample that lacks it."""
+    what = FIELD_HELP.get(field, f"a {field!r} field")
+    sample = f"; sample {key!r} has none" if key else ""
+    return BadDataError(f"the run needs {what} for every sample, but the data has no {field!r}{sample}. Add it to "
+                        "every sample, or train a model that does not need it (e.g. model.conditioning)")
+
+
 class DataSource:
     """A value of `data.source`: how its data set is built and described. A source module subclasses this and
     registers an instance (`DATA_SOURCES.register(name, source)`); the loader only ever looks sources up."""
@@ -115,10 +138,17 @@ def source_of(cfg: DataConfig) -> DataSource:
 
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack sample dicts into a Batch; the unreadable samples they replaced go to `batch["skipped"]`."""
+    """Stack sample dicts into a Batch; the unreadable samples they replaced go to `batch["skipped"]`. A field some
+    samples lack is left out, and `batch["missing"]` maps it to the key of a sample lacking it (the trainer names
+    it if the task needs the field)."""
     batch: dict[str, Any] = {"skipped": [s for sample in samples for s in sample.get("skipped", ())]}
-    for field in samples[0]:
-        if field == "skipped":
+    fields = [f for f in dict.fromkeys(f for sample in samples for f in sample) if f != "skipped"]
+    missing = {f: next(str(s.get("key", "?")) for s in samples if f not in s) for f in fields
+               if any(f not in s for s in samples)}
+    if missing:
+        batch["missing"] = missing
+    for field in fields:
+        if field in missing:
             continue
         values = [s[field] for s in samples]
         if isinstance(values[0], torch.Tensor):

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from genforge.core.config import DataConfig, TrainConfig
 from genforge.core.random import mix_seed
-from genforge.data.base import DataInfo, collate, source_of
+from genforge.data.base import BadDataError, DataInfo, collate, source_of
 
 
 def build_dataset(cfg: DataConfig, split: str = "train", flip: bool | None = None,
@@ -139,6 +139,7 @@ def collate_common(items: list[dict[str, Any]]) -> dict[str, Any]:
     fields = set.intersection(*(set(item) for item in items)) - {"skipped"}
     batch = collate([{k: v for k, v in item.items() if k in fields} for item in items])
     batch.pop("skipped")
+    batch.pop("missing", None)
     return batch
 
 
@@ -164,6 +165,30 @@ def micro_batch_size(global_batch: int, grad_accum: int = 1, world_size: int = 1
             f"= {grad_accum} x {world_size}"
         )
     return global_batch // (grad_accum * world_size)
+
+
+def check_enough_samples(dataset: Dataset, data: DataConfig, batch_size: int) -> None:
+    """BadDataError when a map-style data set holds fewer samples than one global batch (a stream cannot tell)."""
+    size = dataset_size(dataset)
+    if size is not None and size < batch_size:
+        raise BadDataError(
+            f"data.path={data.path!r} (data.source={data.source}) holds {size} training sample(s), fewer than "
+            f"train.batch_size={batch_size}: every optimizer step takes one batch of distinct samples. Lower "
+            f"train.batch_size to at most {size} (e.g. --set train.batch_size={max(1, size)}) or add data")
+
+
+def unreadable_start(dataset: Dataset, limit: int = 64) -> list[tuple[str, str]]:
+    """(key, reason) of the first `limit` samples of a map-style data set (all of them when it holds fewer) when
+    every one is unreadable; [] as soon as one is readable, and for a stream. Cheap for good data: one read."""
+    if isinstance(dataset, IterableDataset):
+        return []
+    bad: list[tuple[str, str]] = []
+    for index in range(min(limit, len(dataset))):
+        sample = dataset[(index, None)]
+        if "bad" not in sample:
+            return []
+        bad.append((sample["key"], sample["bad"]))
+    return bad
 
 
 class StepBatchSampler(Sampler[list[tuple[int, int]]]):
@@ -230,8 +255,10 @@ class ReplaceUnreadable(Dataset):
                 sample["skipped"] = skipped
                 return sample
             skipped.append((sample["key"], sample["bad"]))
-        raise RuntimeError(f"{self.max_tries} unreadable samples in a row, from {skipped[0][0]!r} "
-                           f"({skipped[0][1]}) on; is this an image folder?")
+        where = getattr(self.dataset, "root", "the data set")
+        raise BadDataError(f"{self.max_tries} unreadable samples in a row in {where}, from {skipped[0][0]!r} on ("
+                           + "; ".join(f"{key}: {reason}" for key, reason in skipped[:3]) + "); is it a folder of "
+                           "readable files?")
 
 
 def _worker_init(worker_id: int) -> None:

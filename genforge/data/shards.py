@@ -12,7 +12,8 @@ slots may hold different numbers of records, and a slot that runs out starts its
 waits for data (DDP never hangs on unequal shards). Fewer shards than slots is an error.
 
 Workers batch: each yields collated micro-batches of exactly `micro_batch` raw records (unreadable ones are
-dropped and reported in `batch["skipped"]`, so such a batch is smaller), and the DataLoader takes them from
+dropped and reported in `batch["skipped"]`, so such a batch is smaller; a shard that cannot be opened or read to its
+end counts as one more raw record, an unreadable one named `<shard>.tar@<offset>`), and the DataLoader takes them from
 its workers in turn, so micro-batch j of a rank comes from worker j % W. The position is therefore a function
 of the micro-batches consumed: a resumed stream makes each worker skip (read, shuffle, not decode) the raw
 records of the micro-batches it already produced, and yields what an uninterrupted one would have.
@@ -165,6 +166,19 @@ def read_shard(url: str) -> Iterator[Record]:
                 raise
 
 
+def read_shard_or_report(url: str) -> Iterator[Record]:
+    """`read_shard`, but a shard that cannot be opened or read to its end yields, after its readable records, one
+    marker record {"__key__": "<shard>.tar@<offset>", "__bad__": reason}, which decodes as an unreadable sample
+    (skipped and reported like a broken image). A readable shard yields exactly what `read_shard` does."""
+    offset = 0
+    try:
+        for record in read_shard(url):
+            yield record
+            offset += 1
+    except DataError as err:
+        yield {"__key__": f"{shard_name(url)}.tar@{offset}", "__bad__": f"unreadable from record {offset} on: {err}"}
+
+
 # ------------------------------------------------------------------------------------ separate embeddings
 class ShardEmbeddings:
     """Image embeddings kept beside the shards, one .npy [records, D] per shard (DALLE2-pytorch's
@@ -264,8 +278,8 @@ def add_text_and_label(record: Record, meta: dict[str, Any], sample: dict[str, A
 
 def consistent(samples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Samples that stack into one batch, and the others as (key, reason). A field most samples have is
-    required (a missing caption is ""), one few have is dropped; tensors of a shape other than the most common
-    one are unreadable."""
+    required (a missing caption is ""), one few have is left to `collate`, which drops it and names a sample
+    lacking it in `batch["missing"]`; tensors of a shape other than the most common one are unreadable."""
     good, bad = list(samples), []
     counts = Counter(f for s in samples for f in s if f != "key")
     for field, count in counts.items():
@@ -275,10 +289,8 @@ def consistent(samples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
         elif 2 * count > len(samples):
             bad += [(s["key"], f"no {field}, which most records of its batch have") for s in good if field not in s]
             good = [s for s in good if field in s]
-        else:
-            for s in good:
-                s.pop(field, None)
-    for field in [f for f in counts if good and isinstance(good[0].get(f), torch.Tensor)]:
+    stacked = [f for f in counts if good and all(f in s for s in good) and isinstance(good[0][f], torch.Tensor)]
+    for field in stacked:  # the tensors collate stacks
         shape = Counter(tuple(s[field].shape) for s in good).most_common(1)[0][0]
         bad += [(s["key"], f"{field} of shape {list(s[field].shape)}, others in its batch {list(shape)}")
                 for s in good if tuple(s[field].shape) != shape]
@@ -309,6 +321,8 @@ class ShardDataset(IterableDataset):
             self.slots = world_size * max(1, num_workers)
 
     def decode(self, url: str, record: Record, aug_seed: int | None) -> dict[str, Any]:
+        if "__bad__" in record:  # a shard that could not be read (read_shard_or_report)
+            return {"key": record["__key__"], "bad": record["__bad__"]}
         key = f"{shard_name(url)}/{record['__key__']}"
         sample = decode_record(record, key, self.image_size, self.flip, aug_seed, self.max_image_pixels)
         if self.embeddings is not None and "bad" not in sample:
@@ -322,7 +336,7 @@ class ShardDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for url in self.urls[worker::workers]:
-            for record in read_shard(url):
+            for record in read_shard_or_report(url):
                 yield self.decode(url, record, None)
 
     # ---------------------------------------------------------------------------- the training stream
@@ -349,7 +363,8 @@ class ShardDataset(IterableDataset):
     def _epoch(self, shards: list[str], seed: int, epoch: int, slot: int) -> Iterator[tuple[str, Record, int]]:
         """One epoch of a slot: its shards in a seeded order, through a seeded shuffle buffer."""
         rng = np.random.default_rng([seed, epoch, slot])
-        records = ((shards[i], record) for i in rng.permutation(len(shards)) for record in read_shard(shards[i]))
+        records = ((shards[i], record) for i in rng.permutation(len(shards))
+                   for record in read_shard_or_report(shards[i]))
         buffer: list[tuple[str, Record]] = []
         for item in records:
             if len(buffer) < max(1, self.shuffle_buffer):

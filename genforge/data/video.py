@@ -278,6 +278,8 @@ class VideoShardDataset(ShardDataset):
         self.video = video
 
     def decode(self, url: str, record: Record, aug_seed: int | None) -> dict[str, Any]:
+        if "__bad__" in record:  # a shard that could not be read (read_shard_or_report)
+            return {"key": record["__key__"], "bad": record["__bad__"]}
         return decode_video_record(record, f"{shard_name(url)}/{record['__key__']}", self.image_size, self.video,
                                    self.flip, aug_seed)
 

@@ -28,10 +28,10 @@ from tqdm.auto import tqdm
 
 from genforge.core.config import DataConfig, EvalConfig, LogConfig, TrainConfig
 from genforge.core.random import BatchRandom, global_rng_state, set_global_rng_state
-from genforge.core.task import Task
-from genforge.data.base import DataInfo, collate
-from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, data_info, dataset_size,
-                                  heldout_samples)
+from genforge.core.task import Batch, Task
+from genforge.data.base import BadDataError, DataInfo, collate, missing_field_error
+from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, check_enough_samples, data_info,
+                                  dataset_size, heldout_samples, unreadable_start)
 from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, CheckpointReadError,
                                         expected_tensors, load_state, load_tensors, newest_usable, nonfinite_tensors,
                                         read_json, save_state, save_tensors, step_dir_name, verify_checkpoint)
@@ -55,6 +55,16 @@ def _collective_failure(err: BaseException) -> bool:
         return True
     text = str(err)
     return any(sign in text for sign in ("gloo", "NCCL", "Timed out", "timed out", "Connection closed"))
+
+
+def _missing_field(err: KeyError, batch: dict[str, Any], missing: dict[str, str]) -> Exception:
+    """A task's KeyError for a Batch field the data does not have, as a BadDataError naming the field and a sample
+    that lacks it (`missing`: collate's record of fields some samples lacked); any other KeyError unchanged."""
+    field = err.args[0] if err.args else None
+    if not isinstance(field, str) or field not in Batch.__annotations__ or field in batch:
+        return err
+    keys = batch.get("key") or [None]
+    return missing_field_error(field, missing.get(field, keys[0]))
 
 
 class TrainingError(RuntimeError):
@@ -137,6 +147,7 @@ class Trainer:
         np.random.seed(tc.seed)
         torch.manual_seed(tc.seed)
         self.dataset = build_dataset(run.data, split="train", world_size=acc.num_processes)
+        check_enough_samples(self.dataset, run.data, tc.batch_size)
         self.data_info = data_info(self.dataset, run.data)
         self.task: Task = run.build_task(self.data_info)
         if len(self.task.phases) > 1 or run.data.images is not None:  # a phase / a 1-frame clip leaves weights unused
@@ -158,6 +169,22 @@ class Trainer:
         self.nonfinite_in_a_row = 0
         self.last_eval: dict[str, Any] = {}
         self.skips = SkipLog(self.run_dir / "skipped.jsonl")
+        self._check_readable()
+
+    def _check_readable(self) -> None:
+        """BadDataError (exit 2) before training when the data set's first samples are all unreadable (an image
+        folder of broken files); they are listed in skipped.jsonl."""
+        bad = unreadable_start(self.dataset)
+        if not bad:
+            return
+        if self.accelerator.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.skips.record(0, bad, 0)
+        size = dataset_size(self.dataset) or len(bad)
+        which = f"all {size}" if len(bad) == size else f"the first {len(bad)} of {size}"
+        reasons = "; ".join(f"{key}: {reason}" for key, reason in bad[:3])
+        raise BadDataError(f"data.path={self.run.data.path!r}: {which} samples are unreadable ({reasons}"
+                           f"{'; ...' if len(bad) > 3 else ''}); all are listed in {self.skips.path}")
 
     def _ema_decays(self) -> dict[str, float]:
         """The EMA decay of each parameter some phase trains (its phase's `ema_decay`); parameters no phase of this
@@ -409,8 +436,12 @@ class Trainer:
                 offset = (m * acc.num_processes + acc.process_index) * micro  # rows of the global batch
                 batch["rng"] = BatchRandom(tc.seed, self.step, phase_index, tc.batch_size, offset, size, acc.device)
                 last = m == len(batches) - 1
+                missing = batch.pop("missing", {})
                 with acc.no_sync(self.model) if not last else nullcontext(), acc.autocast():
-                    loss, extra = self.model(batch, phase, self.step)
+                    try:
+                        loss, extra = self.model(batch, phase, self.step)
+                    except KeyError as err:
+                        raise _missing_field(err, batch, missing) from None
                 acc.backward(loss / len(batches))
                 total += loss.detach().float() / len(batches)
                 for name, value in extra.items():
@@ -473,6 +504,7 @@ class Trainer:
         for index, chunk in enumerate(chunks):
             batch = collate(chunk)
             batch.pop("skipped")
+            batch.pop("missing", None)
             batch = {k: v.to(self.accelerator.device) if isinstance(v, Tensor) else v for k, v in batch.items()}
             for phase_index, phase in enumerate(self.task.phases):
                 batch["rng"] = BatchRandom(tc.seed, index, phase_index, len(chunk), 0, len(chunk), self.accelerator.device)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from genforge.data.base import BadDataError
 from genforge.data.loader import ReplaceUnreadable, SkipLog, StepBatchSampler, collate
 
 
@@ -68,7 +69,7 @@ def test_all_unreadable_is_a_clear_error():
         def __getitem__(self, item):
             return {"key": f"{item[0]}.jpg", "bad": "not an image"}
 
-    with pytest.raises(RuntimeError, match="unreadable samples in a row"):
+    with pytest.raises(BadDataError, match="unreadable samples in a row"):  # a ValueError: the CLI exits 2
         ReplaceUnreadable(AllBad(), max_tries=5)[(0, 0)]
 
 
