@@ -109,7 +109,9 @@ class ImageFolderDataset(Dataset):
         try:
             decoded = self.load(path, aug_seed)
             caption_path = path.with_suffix(".txt")
-            caption = caption_path.read_text(encoding="utf-8").strip() if caption_path.is_file() else None
+            # a caption that is not UTF-8 keeps its image: undecodable bytes become U+FFFD
+            caption = caption_path.read_bytes().decode("utf-8", errors="replace").strip() \
+                if caption_path.is_file() else None
         except Exception as err:  # any decoder or caption error: skip and report, never kill the worker
             return {"key": rel, "bad": f"{type(err).__name__}: {err}"}
         sample = {self.field: decoded, "key": rel}
@@ -129,6 +131,16 @@ def folder_listing(root: str | Path, extensions: tuple[str, ...] = EXTENSIONS) -
     return digest.hexdigest()
 
 
+def check_folder(path: str) -> None:
+    """data.path must be a folder: ValueError when it is a file (an archive, a single image), FileNotFoundError
+    when it does not exist."""
+    if Path(path).is_file():
+        raise ValueError(f"data.path={path!r} is a file; it must be a folder (of class sub-folders, or of the files "
+                         "themselves)")
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"data.path: folder {path!r} does not exist")
+
+
 class FolderSource(DataSource):
     """`data.source: folder`: an image folder, split into train/val by a hash of each path (data.val_fraction)."""
 
@@ -137,8 +149,7 @@ class FolderSource(DataSource):
     resize = ADM_RESIZE
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ImageFolderDataset:
-        if not Path(cfg.path).is_dir():
-            raise FileNotFoundError(f"data.path: folder {cfg.path!r} does not exist")
+        check_folder(cfg.path)
         return ImageFolderDataset(cfg.path, cfg.image_size, split=split, val_fraction=cfg.val_fraction, flip=flip,
                                   seed=cfg.split_seed, max_image_pixels=cfg.max_image_pixels,
                                   test_fraction=cfg.test_fraction)

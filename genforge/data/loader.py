@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -362,7 +363,22 @@ class SkipLog:
         self.bad = 0  # unreadable reads (a bad file read in two epochs counts twice)
         self.listed: set[str] = set()
         if path.is_file():  # resumed run: keep listing each file once
-            self.listed = {json.loads(line)["key"] for line in path.read_text().splitlines() if line.strip()}
+            self.listed = self._read_listed(path)
+
+    @staticmethod
+    def _read_listed(path: Path) -> set[str]:
+        """The keys already listed; a line a kill tore (or any unreadable one) is ignored with a warning naming
+        the file: the sample is simply listed again when it is met."""
+        listed, torn = set(), 0
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                listed.add(str(json.loads(line)["key"]))
+            except (ValueError, KeyError, TypeError):
+                torn += bool(line.strip())
+        if torn:
+            print(f"genforge: warning: {path}: {torn} unreadable line(s) ignored (torn by an interrupted write?)",
+                  file=sys.stderr)
+        return listed
 
     def record(self, batch_size: int, skipped: list[tuple[str, str]], step: int) -> None:
         self.reads += batch_size + len(skipped)

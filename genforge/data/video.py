@@ -25,7 +25,7 @@ from PIL import Image
 from genforge.core.config import DataConfig, VideoConfig
 from genforge.core.registry import DATA_SOURCES
 from genforge.data.base import DataInfo
-from genforge.data.folder import FolderSource, ImageFolderDataset, folder_listing
+from genforge.data.folder import FolderSource, ImageFolderDataset, check_folder, folder_listing
 from genforge.data.images import flip_drawn, to_uint8
 from genforge.data.shards import Record, ShardDataset, ShardsSource, add_text_and_label, record_meta, shard_name
 
@@ -229,8 +229,7 @@ class VideoFolderSource(FolderSource):
     resize = VIDEO_RESIZE
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> VideoFolderDataset:
-        if not Path(cfg.path).is_dir():
-            raise FileNotFoundError(f"data.path: folder {cfg.path!r} does not exist")
+        check_folder(cfg.path)
         return VideoFolderDataset(cfg.path, cfg.image_size, cfg.video, split=split, val_fraction=cfg.val_fraction,
                                   flip=flip, seed=cfg.split_seed, test_fraction=cfg.test_fraction)
 

@@ -82,7 +82,8 @@ def test_bad_files_are_reported_not_raised(tmp_path):
     ds = ImageFolderDataset(tmp_path, 8, split="all")
     results = {ds.files[i]: ds[i] for i in range(len(ds))}
     assert "image" in results["ok.png"]
-    for bad in ("empty.jpg", "noise.jpg", "trunc.png", "badcaption.png"):
+    assert results["badcaption.png"]["text"] == "\ufffd" * 3  # a caption that is not UTF-8 keeps its image
+    for bad in ("empty.jpg", "noise.jpg", "trunc.png"):
         assert set(results[bad]) == {"key", "bad"} and results[bad]["key"] == bad and results[bad]["bad"]
     assert "cannot identify image file" in results["noise.jpg"]["bad"]
 
