@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from genforge.core.config import DataConfig, EvalConfig, LogConfig, TrainConfig
+from genforge.core.files import write_atomically
 from genforge.core.random import BatchRandom, global_rng_state, set_global_rng_state
 from genforge.core.task import Batch, Task
 from genforge.data.base import BadDataError, DataInfo, collate, missing_field_error
@@ -606,7 +607,6 @@ class Trainer:
         acc, cfg = self.accelerator, self.run
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(cfg.config_yaml)
             self.checkpoints.clean_incomplete()
         acc.wait_for_everyone()
         latest, notes = self.choose_checkpoint()
@@ -617,6 +617,8 @@ class Trainer:
             self.load_checkpoint(latest)
             if acc.is_main_process:
                 print(f"genforge: resumed from {latest} (step {self.step})", file=sys.stderr)
+        if acc.is_main_process:  # only once the checkpoint fits: a refused resume leaves config.yaml as it was
+            write_atomically(self.run_dir / "config.yaml", cfg.config_yaml)
         self.logger = RunLogger(self.run_dir, cfg.log, cfg.config_dict, resume_step=self.step) \
             if acc.is_main_process else None
         for note in notes if self.logger else ():
