@@ -190,7 +190,8 @@ def test_a_record_missing_a_field_the_others_have_is_reported(tmp_path):
     assert batch["skipped"] == [("mixed/r2", "no label, which most records of its batch have")]
 
 
-def test_file_and_pipe_urls_stream_the_same_records(tmp_path):
+def test_file_and_pipe_urls_stream_the_same_records(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENFORGE_ALLOW_PIPE", "1")  # pipe: URLs are the user's opt-in (tests/data/test_pipe_urls.py)
     spec = _write_shards(tmp_path, [3, 2])
     plain = list(build_dataset(_data(spec)))
     for url in (f"file://{spec}", f"pipe:cat {spec}"):
