@@ -172,7 +172,7 @@ def _is_flag(option: FamilyOption) -> bool:
 
 def _flag_usage(option: FamilyOption) -> str:
     """`--name TYPE` (`--name / --no-name` for a flag) for --help."""
-    flag = "--" + option.name.replace("_", "-")
+    flag = option.flag
     if _is_flag(option):
         return f"{flag} / --no-{flag[2:]}"
     kinds = [t.__name__.upper() for t in typing.get_args(option.field.annotation) if t is not type(None)]
@@ -214,11 +214,11 @@ def _family_options(ctx: typer.Context, run: LoadedRun) -> dict[str, Any]:
         _fail(f"--{str(error['loc'][0]).replace('_', '-')} {given.get(str(error['loc'][0]))!r}: {error['msg']}")
     values: dict[str, Any] = {}
     for key in given:
-        value, option, flag = getattr(options, key), known[key], "--" + key.replace("_", "-")
+        value, option = getattr(options, key), known[key]
         if option.read == "image":
-            value = _read_image(Path(value), run.config.data.image_size, flag)
+            value = _read_image(Path(value), run.config.data.image_size, option.flag)
         elif option.read == "lines":
-            value = _read_prompts(Path(value), flag)
+            value = _read_prompts(Path(value), option.flag)
         values[key] = value
     return values
 

@@ -99,6 +99,11 @@ class FamilyOption:
     families: tuple[str, ...]
 
     @property
+    def flag(self) -> str:
+        """Its command-line flag: start_stage -> --start-stage."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
     def read(self) -> str | None:
         """"image" or "lines" when the value names a file the CLI reads (SampleOptions)."""
         return (self.field.json_schema_extra or {}).get("read")

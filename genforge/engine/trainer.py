@@ -349,7 +349,8 @@ class Trainer:
                 if chosen is not None and rejected:
                     notes.append(f"resuming from the previous checkpoint {chosen.name}")
                 marker = self.checkpoints.root / "latest"
-                if chosen is not None and marker.read_bytes() != f"{chosen.name}\n".encode():
+                named = marker.read_text().strip() if marker.is_file() else None  # missing: killed before its write
+                if chosen is not None and named != chosen.name:
                     self.checkpoints.set_latest(chosen)  # after a fallback, or a kill between rename and `latest`
                 decision = [{"chosen": str(chosen) if chosen else None, "notes": notes}]
             except (CheckpointReadError, OSError) as err:
