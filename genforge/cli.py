@@ -18,10 +18,11 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperCommand
 
-from genforge.app.config import ConfigError, list_presets, load_config, to_yaml
+from genforge.app.config import ConfigError, RunConfig, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
 from genforge.app.runs import (FamilyOption, LoadedRun, build_task, check_data_size, count_parameters,
-                               family_sample_options, load_codec, load_run, make_trainer, missing_inputs, run_family)
+                               family_sample_options, load_codec, load_run, make_trainer, missing_inputs,
+                               resume_changes, run_family)
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
 from genforge.data.cache import MANIFEST, manifest_summary
@@ -63,26 +64,7 @@ def train(
         _fail(str(err))
     target = run_dir or Path("runs") / cfg.name
     if dry_run:
-        missing = missing_inputs(cfg)
-        if missing:  # a pipeline stage whose inputs earlier stages make: the config is valid, the model unknown
-            typer.echo(to_yaml(cfg).rstrip())
-            typer.echo("# parameters: not counted until these inputs exist: " + "; ".join(missing))
-            typer.echo(f"# run directory: {target}")
-            return
-        try:
-            task = build_task(cfg, device="meta")
-            check_data_size(cfg)
-        except FileNotFoundError as err:  # the data is not there (yet): the config itself is valid
-            typer.echo(to_yaml(cfg).rstrip())
-            typer.echo(f"# parameters: not counted until the data exists: {err}")
-            typer.echo(f"# run directory: {target}")
-            return
-        except ValueError as err:
-            _fail(str(err))
-        typer.echo(to_yaml(cfg).rstrip())
-        counts = count_parameters(task)
-        typer.echo("# parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-        typer.echo(f"# run directory: {target}")
+        _dry_run(cfg, target, fresh)
         return
     _check_writable(target, "--run-dir")
     try:
@@ -91,7 +73,7 @@ def train(
         _fail(str(err))
     try:
         out = trainer.fit()
-    except (CheckpointReadError, RunDirectoryLocked, BadDataError, DataError) as err:  # bad input: exit 2
+    except (CheckpointReadError, RunDirectoryLocked, BadDataError, DataError, ConfigError) as err:  # bad input: exit 2
         _fail(str(err))
     except Preempted as stop:
         _fail(str(stop), code=stop.exit_code)
@@ -104,6 +86,30 @@ def train(
         typer.echo(f"run directory: {out}")
         if samples:
             typer.echo(f"samples: {samples[-1]}")
+
+
+def _dry_run(cfg: RunConfig, target: Path, fresh: bool) -> None:
+    """Print the resolved config, the parameter count and where the run goes (and what a resume there would change);
+    exit 2 for what training would refuse."""
+    resumes = "" if fresh or not (target / "checkpoints" / "latest").is_file() else " (resumes the run there)"
+    missing = missing_inputs(cfg)
+    # a pipeline stage whose inputs earlier stages make: the config is valid, the model unknown
+    parameters = "not counted until these inputs exist: " + "; ".join(missing) if missing else ""
+    try:
+        changes = resume_changes(cfg, target) if resumes else []
+        if not missing:
+            counts = count_parameters(build_task(cfg, device="meta"))
+            parameters = ", ".join(f"{k} {v:,}" for k, v in counts.items())
+            check_data_size(cfg)
+    except FileNotFoundError as err:  # the data is not there (yet): the config itself is valid
+        parameters = f"not counted until the data exists: {err}"
+    except ValueError as err:
+        _fail(str(err))
+    typer.echo(to_yaml(cfg).rstrip())
+    typer.echo(f"# parameters: {parameters}")
+    typer.echo(f"# run directory: {target}{resumes}")
+    for change in changes or ():
+        typer.echo(f"# changed on resume: {change}")
 
 
 def _check_writable(folder: Path, option: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, ClassVar, Union
 
 import yaml
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_model, model_validator
@@ -29,6 +29,8 @@ __all__ = ["ConfigError", "DEFAULT_PRESET", "RunConfig", "format_validation_erro
 class RunConfig(StrictModel):
     """A complete, validated training run. `RunConfig.model_validate` checks `model` against the families registered
     at the time (`run_config_type`)."""
+
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"name", "description"})
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="default run directory name")
     description: str = ""

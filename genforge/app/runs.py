@@ -19,7 +19,7 @@ from torch import nn
 
 from genforge.app.config import RunConfig, load_config, to_yaml
 from genforge.core.codec import CODE_KINDS, CodecInfo, codec_kind
-from genforge.core.config import ConfigError
+from genforge.core.config import ConfigChange, ConfigError, config_changes
 from genforge.core.files import file_sha256
 from genforge.core.family import BuildContext, canonical_family
 from genforge.core.registry import FAMILIES
@@ -231,7 +231,29 @@ def load_input_codec(run_dir: str, field: str, kind: str, family: str, data: Dat
 def training_run(cfg: RunConfig) -> TrainingRun:
     """What the trainer gets of `cfg`: its sections, the task builder, and the resolved config to write."""
     return TrainingRun(cfg.data, cfg.train, cfg.eval, cfg.log, build_task=lambda info: build_task(cfg, info),
-                       config_yaml=to_yaml(cfg), config_dict=cfg.model_dump(mode="json"))
+                       config_yaml=to_yaml(cfg), config_dict=cfg.model_dump(mode="json"),
+                       changes_from=lambda run_dir: resume_changes(cfg, run_dir))
+
+
+def resume_changes(cfg: RunConfig, run_dir: Path) -> list[ConfigChange] | None:
+    """The changes of `cfg` from the config.yaml of the run in `run_dir` that a resume applies (None when it has no
+    config.yaml). ConfigError (exit 2) listing every field that may not change on resume (the config sections'
+    `may_change_on_resume`, genforge.core.config.config_changes) with its old and new value."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        saved = load_config(str(path))
+    except ConfigError as err:
+        raise ConfigError(f"{path}, the config of the run being resumed, does not load: {err}") from None
+    changes = config_changes(saved, cfg)
+    refused = [c for c in changes if not c.allowed]
+    if refused:
+        listed = "".join(f"\n  {c}" for c in refused)
+        raise ConfigError(f"{run_dir} was trained with another config; resuming it may not change:{listed}\nSet "
+                          f"them back as in {path}, or train a new run (--fresh, or another --run-dir). What a "
+                          "resume may change: docs/fault-tolerance.md")
+    return changes
 
 
 def check_data_size(cfg: RunConfig) -> None:

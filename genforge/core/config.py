@@ -4,7 +4,8 @@ assembled above the families (genforge.app.config); nothing below the applicatio
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -12,9 +13,9 @@ from genforge.core.codec import InputRun
 from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
-__all__ = ["ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig", "PhaseConfig",
+__all__ = ["ConfigChange", "ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig", "PhaseConfig",
            "SampleOptions",
-           "ShapesConfig", "StrictModel", "TrainConfig"]
+           "ShapesConfig", "StrictModel", "TrainConfig", "config_changes"]
 
 
 class StrictModel(BaseModel):
@@ -22,6 +23,65 @@ class StrictModel(BaseModel):
     infinite (a weight decay of inf or a guidance of NaN is refused naming its field, before anything runs)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+    # What a resumed run may set otherwise than the run it resumes (`config_changes`): the fields of this section
+    # that only act from the resumed step on ("*": all of them), and those that may go from None to a value (a part
+    # the checkpoint does not have yet and that starts fresh, e.g. a token critic). Everything else is refused.
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset()
+    may_add_on_resume: ClassVar[frozenset[str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """A config field (dotted path) whose value differs from the run being resumed, and whether a resume may change it."""
+
+    field: str
+    old: Any
+    new: Any
+    allowed: bool
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.old!r} -> {self.new!r}"
+
+
+def config_changes(old: BaseModel, new: BaseModel) -> list[ConfigChange]:
+    """Every leaf field whose value differs between the config `old` (of the run being resumed) and `new`, with
+    whether a resumed run may change it (the sections' `may_change_on_resume` / `may_add_on_resume`)."""
+    return [ConfigChange(".".join(path), a, b, _may_change(new, path, a))
+            for path, a, b in _differences(old.model_dump(mode="json"), new.model_dump(mode="json"), ())]
+
+
+_ABSENT = "<absent>"
+
+
+def _differences(old: Any, new: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(old.keys() | new.keys()):
+            yield from _differences(old.get(key, _ABSENT), new.get(key, _ABSENT), (*path, str(key)))
+    elif (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
+          and all(isinstance(item, dict) for item in old + new)):  # e.g. the stages of a cascade
+        for i, (a, b) in enumerate(zip(old, new)):
+            yield from _differences(a, b, (*path, str(i)))
+    elif old != new:
+        yield path, old, new
+
+
+def _may_change(config: Any, path: tuple[str, ...], old: Any) -> bool:
+    """Whether a section on `path` through `config` (the new config) lets its field change on resume."""
+    for depth, key in enumerate(path):
+        if isinstance(config, StrictModel):
+            allowed = type(config).may_change_on_resume
+            if key in allowed or "*" in allowed:
+                return True
+            if old is None and depth == len(path) - 1 and key in type(config).may_add_on_resume:
+                return True
+            config = getattr(config, key, None)
+        elif isinstance(config, dict):
+            config = config.get(key)
+        elif isinstance(config, list) and key.isdigit() and int(key) < len(config):
+            config = config[int(key)]
+        else:
+            return False
+    return False
 
 
 class ShapesConfig(StrictModel):
@@ -64,6 +124,9 @@ class JointImagesConfig(StrictModel):
 
 class DataConfig(StrictModel):
     """Where samples come from and how they are preprocessed."""
+
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"num_workers", "max_bad_fraction",
+                                                                "max_image_pixels"})
 
     source: str = Field("shapes", description="a registered data source (genforge.data): shapes, folder, shards, "
                                               "cache")
@@ -129,6 +192,8 @@ class PhaseConfig(StrictModel):
     U-Net of a cascade (dalle2_decoder: unet1, unet2) or vqgan's discriminator with its own learning rate. Unset
     fields take the train section's value."""
 
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"*"})
+
     lr: float | None = Field(None, gt=0.0, le=1.0)
     weight_decay: float | None = Field(None, ge=0.0)
     betas: tuple[float, float] | None = None
@@ -143,6 +208,14 @@ class PhaseConfig(StrictModel):
 
 class TrainConfig(StrictModel):
     """Optimisation and cadences; every count is in optimizer steps."""
+
+    # a resumed run may lengthen the run, change the optimizer's settings and schedule, the cadences and the
+    # precision; not the batch, the seed or the EMA's warm-up (they define what was trained so far)
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({
+        "steps", "lr", "weight_decay", "betas", "warmup_steps", "lr_schedule", "min_lr_ratio", "lr_decay_rate",
+        "lr_decay_every", "grad_clip", "grad_accum", "precision", "ema_decay", "log_every", "sample_every",
+        "num_samples", "checkpoint_every", "keep_last", "keep_best", "keep_best_mode", "max_nonfinite_skips",
+        "on_nonfinite", "max_rollbacks", "dist_timeout_s", "check_consistency", "phases"})
 
     steps: int = Field(1000, gt=0, description="total optimizer steps")
     batch_size: int = Field(32, gt=0, description="global batch (all ranks x accumulation)")
@@ -219,6 +292,8 @@ class TrainConfig(StrictModel):
 class EvalConfig(StrictModel):
     """Periodic evaluation during training (also the defaults of `genforge eval`)."""
 
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"*"})
+
     every: int = Field(0, ge=0, description="0: no evaluation during training")
     metrics: list[str] | None = Field(None, description="registered metrics (genforge.eval); default: the family's "
                                                          "(generators: judge; tokenizers: psnr, ssim, and codebook if "
@@ -241,6 +316,8 @@ class EvalConfig(StrictModel):
 
 class LogConfig(StrictModel):
     """Where scalars and images go besides metrics.jsonl and samples/."""
+
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"*"})
 
     tensorboard: bool = True
     wandb: bool = False

@@ -3,7 +3,7 @@ families). It holds data; genforge.diffusion.build builds what it describes."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -13,6 +13,9 @@ from genforge.diffusion.samplers import SAMPLERS
 
 class DiffusionConfig(StrictModel):
     """The objective (IDDPM's discrete chain by default, as DiT; rectified flow; EDM), its sampler and guidance."""
+
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({  # sampling only
+        "sampler", "sample_steps", "ddim_eta", "cfg_scale", "guidance_interval", "rho", "flow_shift"})
 
     objective: Literal["ddpm", "flow", "edm"] = Field(
         "ddpm", description="ddpm: IDDPM (Nichol & Dhariwal 2021); flow: rectified flow, velocity target (Liu et al. "

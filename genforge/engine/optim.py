@@ -12,12 +12,17 @@ from torch.optim.lr_scheduler import LambdaLR
 from genforge.core.config import TrainConfig
 
 
+def _decayed(param: nn.Parameter) -> bool:
+    """Weight decay applies to matrices (ndim ≥ 2), not to biases, norms and embeddings' scalars."""
+    return param.ndim >= 2
+
+
 def build_optimizer(params: Iterable[nn.Parameter], cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; weight decay only on matrices (ndim ≥ 2), not on biases, norms and embeddings' scalars."""
+    """AdamW; weight decay only on matrices (`_decayed`)."""
     params = [p for p in params if p.requires_grad]
     groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        {"params": [p for p in params if _decayed(p)], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if not _decayed(p)], "weight_decay": 0.0},
     ]
     groups = [g for g in groups if g["params"]]
     fused = device.type in ("cuda", "cpu", "xpu", "mps")
@@ -47,3 +52,16 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
     """The learning-rate schedule of `cfg` (`lr_factor`) over optimizer steps."""
     return LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+
+
+def apply_optimizer_settings(optimizer: torch.optim.Optimizer, scheduler: LambdaLR, cfg: TrainConfig) -> None:
+    """Give a restored optimizer and schedule the settings of `cfg` (a resume that changed train.lr, the schedule,
+    weight decay or betas): the state restores the saved lr, so the base lr, the current lr (base · `lr_factor` at
+    the restored step) and the rest are set again. With unchanged settings every value stays bit for bit."""
+    scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = cfg.lr
+        group["lr"] = cfg.lr * lr_factor(scheduler.last_epoch, cfg)
+        group["betas"] = tuple(cfg.betas)
+        group["weight_decay"] = cfg.weight_decay if all(_decayed(p) for p in group["params"]) else 0.0
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

@@ -26,7 +26,7 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from genforge.core.config import DataConfig, EvalConfig, LogConfig, TrainConfig
+from genforge.core.config import ConfigChange, ConfigError, DataConfig, EvalConfig, LogConfig, TrainConfig
 from genforge.core.files import write_atomically
 from genforge.core.random import BatchRandom, global_rng_state, set_global_rng_state
 from genforge.core.task import Batch, Task
@@ -40,7 +40,7 @@ from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
 from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
 from genforge.engine.logging import RunLogger, write_samples
-from genforge.engine.optim import build_optimizer, build_scheduler
+from genforge.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler
 from genforge.engine.preemption import Preempted, StopRequests
 from genforge.eval.run import evaluate_task, write_eval_results
 
@@ -96,6 +96,8 @@ class TrainingRun:
     build_task: Callable[[DataInfo], Task]
     config_yaml: str = ""  # written to run_dir/config.yaml before step 0
     config_dict: dict[str, Any] = field(default_factory=dict)  # for wandb
+    # what this config changes from the one in a run directory (None: it has none); ConfigError: not allowed
+    changes_from: Callable[[Path], list[ConfigChange] | None] = lambda run_dir: []
 
 
 @dataclass
@@ -361,6 +363,39 @@ class Trainer:
         chosen = decision[0]["chosen"]
         return (Path(chosen) if chosen else None), decision[0]["notes"]
 
+    def resume_changes(self) -> list[ConfigChange]:
+        """What this run's config changes from the run directory's config.yaml (the run being resumed), by
+        `TrainingRun.changes_from`; its ConfigError (a change a resume may not make) on every rank. Decided by the
+        main process."""
+        acc = self.accelerator
+        decision: list[Any] = [None]
+        if acc.is_main_process:
+            try:
+                decision = [{"changes": self.run.changes_from(self.run_dir)}]
+            except ConfigError as err:
+                decision = [{"error": str(err)}]
+        if acc.num_processes > 1:
+            decision = broadcast_object_list(decision)
+        if "error" in decision[0]:
+            raise ConfigError(decision[0]["error"])
+        changes = decision[0]["changes"]
+        if changes is None:
+            if acc.is_main_process:
+                print(f"genforge: warning: {self.run_dir} has no config.yaml to compare this config with; resuming "
+                      "as configured", file=sys.stderr)
+            return []
+        return changes
+
+    def record_config_changes(self, changes: list[ConfigChange]) -> None:
+        """Say and record (config-history.jsonl: step, time, field, old, new) the changes a resume applies."""
+        if not changes:
+            return
+        print("genforge: resuming with a changed config: " + "; ".join(map(str, changes)), file=sys.stderr)
+        entry = {"step": self.step, "time": round(time.time(), 3),
+                 "changes": [{"field": c.field, "old": c.old, "new": c.new} for c in changes]}
+        with open(self.run_dir / "config-history.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
     def load_checkpoint(self, path: Path, skip: Iterable[str] = ()) -> None:
         """Restore everything `save_checkpoint` wrote (safetensors/JSON only; nothing is unpickled). `skip`
         names STATE_PIECES to leave as they are (fault-injection tests)."""
@@ -610,20 +645,28 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.checkpoints.clean_incomplete()
         acc.wait_for_everyone()
+        # a run to resume (a `latest` marker): its config first, so a changed model is named, not a mismatch
+        changes = self.resume_changes() if (self.checkpoints.root / "latest").is_file() else []
         latest, notes = self.choose_checkpoint()
         if acc.is_main_process:
             for note in notes:
                 print(f"genforge: warning: {note}", file=sys.stderr)
+        changes = changes if latest is not None else []
         if latest is not None:
             self.load_checkpoint(latest)
+            for phase, optimizer in self.optimizers.items():  # a changed lr, schedule, ... takes effect
+                apply_optimizer_settings(optimizer, self.schedulers[phase], self.phase_train[phase])
             if acc.is_main_process:
                 print(f"genforge: resumed from {latest} (step {self.step})", file=sys.stderr)
         if acc.is_main_process:  # only once the checkpoint fits: a refused resume leaves config.yaml as it was
+            self.record_config_changes(changes)
             write_atomically(self.run_dir / "config.yaml", cfg.config_yaml)
         self.logger = RunLogger(self.run_dir, cfg.log, cfg.config_dict, resume_step=self.step) \
             if acc.is_main_process else None
         for note in notes if self.logger else ():
             self.logger.event(self.step, "checkpoint_fallback", note)
+        if changes and self.logger:
+            self.logger.event(self.step, "config_change", "; ".join(map(str, changes)))
         try:
             with StopRequests() as stop:
                 self._loop(stop, stop_at)

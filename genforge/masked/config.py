@@ -25,6 +25,8 @@ class TokenCriticConfig(StrictModel):
                                                   "re-mask, annealed linearly to 0")
     sample: bool = Field(True, description="decode with the critic (genforge sample/eval --critic/--no-critic)")
 
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"noise", "sample"})
+
 
 class MaskedSampleOptions(SampleOptions):
     """Sampling options of the masked-token generators."""
@@ -39,6 +41,10 @@ class MaskedTokenConfig(FamilyConfig):
 
     default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
     sample_options: ClassVar[type[SampleOptions]] = MaskedSampleOptions
+    # decoding settings, and the phases trained (a critic added to a trained generator starts fresh)
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({
+        "sample_steps", "cfg_scale", "temperature", "choice_temperature", "sample_prompts", "train_phases"})
+    may_add_on_resume: ClassVar[frozenset[str]] = frozenset({"critic"})
     tokens: TokenInputConfig
     codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
                                                                "size (default: taken from it)")

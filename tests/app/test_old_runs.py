@@ -32,8 +32,10 @@ def test_an_old_run_resumes_samples_and_evaluates(family, tmp_path, monkeypatch)
                                   "--set", "train.checkpoint_every=3"])
     assert resumed.exit_code == 0, resumed.output
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000003"
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]  # continued from the old checkpoint at step 2
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "event" not in r] == [1, 2, 3]  # continued from the old checkpoint at 2
+    changed = [r["message"] for r in records if r.get("event") == "config_change"]
+    assert len(changed) == 1 and "train.steps: 2 -> 3" in changed[0]  # the old config.yaml read through today's
 
     sampled = runner.invoke(app, ["sample", str(run), "--n", "2", "--out", str(tmp_path / "s.png")])
     assert sampled.exit_code == 0, sampled.output

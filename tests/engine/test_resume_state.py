@@ -8,6 +8,7 @@ import torch
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
+from genforge.core.config import ConfigError
 from genforge.engine.checkpoint import CheckpointError
 from genforge.engine.trainer import STATE_PIECES, Trainer, TrainingError
 from genforge.families.diffusion.task import DiffusionTask
@@ -135,5 +136,8 @@ def test_a_checkpoint_missing_weights_of_a_trained_phase_is_refused(tmp_path):
     added to a trained generator); weights the checkpoint has but the model does not are an error."""
     base = ["train.steps=2", "train.checkpoint_every=2", "train.sample_every=0", "eval.every=0"]
     make_trainer(load_config("phenaki-debug", [*base, "model.critic.depth=1"]), tmp_path).fit()
+    with pytest.raises(ConfigError, match="model.critic: .* -> None"):  # the config says what changed ...
+        make_trainer(load_config("phenaki-debug", [*base, "train.steps=4"]), tmp_path).fit()
+    (tmp_path / "config.yaml").unlink()  # ... and without it, the checkpoint check
     with pytest.raises(CheckpointError, match="does not match this model.*unexpected \\['model.critic"):
         make_trainer(load_config("phenaki-debug", [*base, "train.steps=4"]), tmp_path).fit()

@@ -20,6 +20,8 @@ class StageConfig(StrictModel):
     conditioning image is degraded in training: Gaussian blur (DALL·E 2, App. C) and Gaussian noise augmentation of a
     random level, which the U-Net is told (Ho et al. 2022, "Cascaded Diffusion Models", §4.2)."""
 
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"lowres_noise_sample"})  # sampling only
+
     image_size: int = Field(gt=0, description="side of this stage's output; the last stage's is data.image_size")
     unet: UNetConfig = UNetConfig()
     diffusion: DiffusionConfig = DiffusionConfig(noise_schedule="cosine", sampler="ddim", sample_steps=50,
@@ -87,6 +89,7 @@ class Dalle2DecoderConfig(FamilyConfig):
     with its optimizer (`train.phases.unet2.lr`) and EMA; `train_unets` picks the ones this run trains."""
 
     family: Literal["dalle2_decoder"] = "dalle2_decoder"
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"train_unets"})  # the stages this run trains
     default_metrics: ClassVar[tuple[str, ...]] = ("fid",)
     sample_options: ClassVar[type[SampleOptions]] = Dalle2SampleOptions
     stages: list[StageConfig] = Field(min_length=1)
