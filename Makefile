@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test install install-dev clean
+.PHONY: demo test test-dist install install-dev clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,11 @@ demo: $(VENV)/.installed
 	@echo "Samples: runs/demo/samples/demo-grid.png (one class per cell in turn); training previews in runs/demo/samples/"
 
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q --durations=10 -m "not dist"
+
+# FSDP2 sharding on 2 CPU processes (torchrun, gloo): a few minutes more
+test-dist: $(VENV)/.installed-dev
+	$(PY) -m pytest -q --durations=5 -m dist
 
 clean:
 	rm -rf $(VENV) runs

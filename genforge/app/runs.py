@@ -20,15 +20,14 @@ from torch import nn
 from genforge.app.config import RunConfig, load_config, to_yaml
 from genforge.core.codec import CODE_KINDS, CodecInfo, codec_kind
 from genforge.core.config import ConfigChange, ConfigError, config_changes
-from genforge.core.files import file_sha256
 from genforge.core.family import BuildContext, canonical_family
 from genforge.core.registry import FAMILIES
 from genforge.core.task import Task
 from genforge.data.base import DataInfo
 from genforge.data.cache import check_cache
 from genforge.data.loader import HeldOutData, build_dataset, check_enough_samples, image_data, scan_data_info
-from genforge.engine.checkpoint import (CheckpointDir, CheckpointReadError, expected_tensors, load_tensors,
-                                        newest_usable, read_json, verify_checkpoint)
+from genforge.engine.checkpoint import (CheckpointDir, CheckpointReadError, expected_tensors, newest_usable,
+                                        read_json, read_weights, verify_checkpoint, weights_hash)
 from genforge.engine.trainer import Trainer, TrainingRun
 
 # which families' runs make each kind of codes, from the roles their configs declare (genforge.eval.metrics)
@@ -175,15 +174,15 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
     state = read_json(ckpt / "trainer_state.json")
     task = task_of(ckpt)
     if torch.device(device).type != "meta":
-        missing, unexpected = task.load_state_dict(load_tensors(ckpt / "model.safetensors", str(device)), strict=False)
+        missing, unexpected = task.load_state_dict(read_weights(ckpt, "model", str(device)), strict=False)
         if missing or unexpected:
-            raise ConfigError(f"{ckpt / 'model.safetensors'} does not match the model of {config_path} (missing "
+            raise ConfigError(f"the weights of {ckpt} do not match the model of {config_path} (missing "
                               f"{missing[:3]}, unexpected {unexpected[:3]}): was its model section edited?")
         if ema:
-            shadow = load_tensors(ckpt / "ema.safetensors", str(device))
+            shadow = read_weights(ckpt, "ema", str(device))
             missing, unexpected = task.ema_module().load_state_dict(shadow, strict=False)
             if unexpected or len(shadow) == 0:
-                raise ConfigError(f"{ckpt / 'ema.safetensors'} does not match this model ({unexpected[:3]})")
+                raise ConfigError(f"the EMA weights of {ckpt} do not match this model ({unexpected[:3]})")
     task.load_state_from_checkpoint(state["family_state"])
     task.eval()
     return LoadedRun(cfg, task, int(state["step"]), ckpt)
@@ -206,7 +205,7 @@ def load_codec(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple
     codec.eval().requires_grad_(False)
     channels = {"latent": lambda: codec.latent_channels, "image_embed": lambda: codec.embed_dim}.get(kind, lambda: 0)
     info = CodecInfo(kind=kind, run_dir=str(run_dir), family=family, step=run.step, checkpoint=str(run.checkpoint),
-                     encoder_hash=file_sha256(run.checkpoint / "ema.safetensors"), channels=int(channels()),
+                     encoder_hash=weights_hash(run.checkpoint), channels=int(channels()),
                      codebook_size=int(codec.codebook_size) if kind == "tokens" else 0,
                      downsample=int(getattr(codec, "downsample", 0)), image_size=run.config.data.image_size)
     return codec, info

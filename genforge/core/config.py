@@ -236,6 +236,9 @@ class TrainConfig(StrictModel):
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables")
     grad_accum: int = Field(1, ge=1)
     precision: Literal["no", "bf16", "fp16"] = "no"
+    sharding: Literal["none", "fsdp"] = Field(
+        "none", description="none: every process holds all weights (DDP); fsdp: the trained weights, gradients, "
+                            "optimizer state and EMA are split over the processes (FSDP2, docs/scaling.md)")
     seed: int = Field(0, ge=0)
     ema_decay: float = Field(0.9999, ge=0.0, lt=1.0)
     ema_warmup: bool = Field(True, description="decay ramps as min(decay, (1+n)/(10+n))")
@@ -262,7 +265,10 @@ class TrainConfig(StrictModel):
                                           "train.phases.unet2.lr); unset fields take this section's")
 
     @model_validator(mode="after")
-    def _batch_divisible(self) -> "TrainConfig":
+    def _consistent(self) -> "TrainConfig":
+        if self.sharding == "fsdp" and self.precision == "fp16":
+            raise ValueError("train.sharding=fsdp takes train.precision=bf16 or no, not fp16 (its grad scaler does "
+                             "not work on sharded gradients)")
         if self.batch_size % self.grad_accum:
             raise ValueError(
                 f"train.batch_size={self.batch_size} must be divisible by train.grad_accum={self.grad_accum}"

@@ -46,6 +46,7 @@ class Task(nn.Module):
     """Base class of every family's task: a loss per phase, a sampler, and its own schedule state."""
 
     phases: tuple[str, ...] = ("main",)
+    shard_block_types: tuple[type[nn.Module], ...] = ()  # the block classes train.sharding=fsdp shards one by one
     makes_samples: bool = True  # False: nothing to preview or sample (an embedding model such as clip)
     preview_online: bool = False  # True: training previews also get sample() of the online weights, cond["online"]
 
@@ -80,6 +81,21 @@ class Task(nn.Module):
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
         """The sampler settings `sample(**opts)` resolves to (recorded with evaluation results)."""
         return dict(opts)
+
+    def shard_units(self) -> list[nn.Module]:
+        """The blocks `train.sharding=fsdp` shards one by one, each one's weights gathered only while it runs: the
+        outermost trained submodules of a class in `shard_block_types` (a transformer's layers, a U-Net's residual
+        and attention blocks, a tokenizer's stages). Without any, the task is one unit (correct, but every rank then
+        gathers all its weights at once)."""
+        units: list[nn.Module] = []
+        inside: set[int] = set()
+        for module in self.modules():
+            if id(module) in inside:
+                continue
+            if isinstance(module, self.shard_block_types) and any(p.requires_grad for p in module.parameters()):
+                units.append(module)
+                inside.update(id(m) for m in module.modules())
+        return units
 
     def ema_module(self) -> nn.Module:
         """The sub-module whose weights are averaged and used for sampling (default: the whole task)."""

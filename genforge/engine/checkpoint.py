@@ -6,6 +6,11 @@ checkpoints/step-000500/
     optim/<phase>.*          optimizer + scheduler (+ grad scaler) state: tensors in .safetensors, the rest .json
     rng/rank-<r>.*           python / numpy / torch RNG states of each rank
     trainer_state.json       step, family state, ...
+
+A sharded run (train.sharding=fsdp, genforge.engine.sharding) writes instead of the two weight files and the
+optimizer tensors one folder, `shards/`: safetensors files written by every rank in parallel (DCP), each tensor
+named `model.<name>`, `ema.<name>` or `optim.<phase>...` and each file's header saying where its pieces lie in
+the whole tensors; `optim/<phase>.json` then names its tensors there.
 checkpoints/latest           name of the newest complete checkpoint, written last
 checkpoints/best             {"name", "value"} of the best checkpoint by train.keep_best (optional)
 checkpoints/damaged-step-000600[-N]   a checkpoint that failed `verify_checkpoint` on resume, moved aside (kept)
@@ -18,7 +23,9 @@ newest one that passes, so a damaged newest checkpoint falls back to the one bef
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -31,7 +38,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from genforge.core.files import TMP_PREFIX, fsync_dir, fsync_tree, write_atomically
+from genforge.core.files import TMP_PREFIX, file_sha256, fsync_dir, fsync_tree, write_atomically
+from genforge.engine.sharding import load_shards
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 DAMAGED_PREFIX = "damaged-"  # checkpoints moved aside on resume; nothing lists them again
@@ -52,39 +60,52 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
-def _flatten(obj: Any, tensors: dict[str, Tensor], prefix: str) -> Any:
-    """JSON-able skeleton of `obj` with every tensor moved into `tensors` under a path key."""
+def flatten_state(obj: Any, tensors: dict[str, Tensor], prefix: str, copy: bool = True) -> Any:
+    """JSON-able skeleton of `obj` with every tensor moved into `tensors` under a path key (`copy`: a CPU copy;
+    else the tensor itself, e.g. a shard that DCP writes)."""
     if isinstance(obj, Tensor):
-        tensors[prefix] = obj.detach().cpu().contiguous().clone()
+        tensors[prefix] = obj.detach().cpu().contiguous().clone() if copy else obj
         return {"__tensor__": prefix}
     if isinstance(obj, dict):
         if not all(isinstance(k, (str, int)) for k in obj):
             raise TypeError(f"state at {prefix!r} has non-string keys")
-        return {"__dict__": [[k, _flatten(v, tensors, f"{prefix}.{k}")] for k, v in obj.items()]}
+        return {"__dict__": [[k, flatten_state(v, tensors, f"{prefix}.{k}", copy)] for k, v in obj.items()]}
     if isinstance(obj, (list, tuple)):
-        items = [_flatten(v, tensors, f"{prefix}.{i}") for i, v in enumerate(obj)]
+        items = [flatten_state(v, tensors, f"{prefix}.{i}", copy) for i, v in enumerate(obj)]
         return {"__tuple__": items} if isinstance(obj, tuple) else items
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(f"cannot store {type(obj).__name__} at {prefix!r} in a checkpoint")
 
 
-def _unflatten(obj: Any, tensors: dict[str, Tensor]) -> Any:
+def unflatten_state(obj: Any, tensors: Mapping[str, Tensor]) -> Any:
+    """Inverse of flatten_state."""
     if isinstance(obj, dict):
         if "__tensor__" in obj:
             return tensors[obj["__tensor__"]]
         if "__tuple__" in obj:
-            return tuple(_unflatten(v, tensors) for v in obj["__tuple__"])
-        return {k: _unflatten(v, tensors) for k, v in obj["__dict__"]}
+            return tuple(unflatten_state(v, tensors) for v in obj["__tuple__"])
+        return {k: unflatten_state(v, tensors) for k, v in obj["__dict__"]}
     if isinstance(obj, list):
-        return [_unflatten(v, tensors) for v in obj]
+        return [unflatten_state(v, tensors) for v in obj]
     return obj
+
+
+def tensor_refs(skeleton: Any) -> list[str]:
+    """The tensor keys a flatten_state skeleton names."""
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return [skeleton["__tensor__"]]
+        return [key for value in skeleton.values() for key in tensor_refs(value)]
+    if isinstance(skeleton, list):
+        return [key for value in skeleton for key in tensor_refs(value)]
+    return []
 
 
 def save_state(stem: Path, state: Any) -> None:
     """Write nested state (dicts, lists, numbers, tensors) as `stem.json` + `stem.safetensors`."""
     tensors: dict[str, Tensor] = {}
-    skeleton = _flatten(state, tensors, "s")
+    skeleton = flatten_state(state, tensors, "s")
     stem.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(stem.with_suffix(".safetensors")))
     stem.with_suffix(".json").write_text(json.dumps(skeleton))
@@ -103,7 +124,7 @@ def load_tensors(path: Path, device: str = "cpu") -> dict[str, Tensor]:
 
 def load_state(stem: Path) -> Any:
     """Inverse of save_state: JSON + safetensors only."""
-    return _unflatten(read_json(stem.with_suffix(".json")), load_tensors(stem.with_suffix(".safetensors")))
+    return unflatten_state(read_json(stem.with_suffix(".json")), load_tensors(stem.with_suffix(".safetensors")))
 
 
 def nonfinite_tensors(tensors: dict[str, Tensor]) -> list[str]:
@@ -257,6 +278,7 @@ SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 
 TORCH_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                 torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
                 torch.bool: "BOOL"}
+SAFETENSORS_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 # trainer_state.json keys and their JSON types: what sampling needs, and what resuming needs besides
 STATE_KEYS: dict[str, type | tuple[type, ...]] = {"step": int, "family_state": dict, "data_info": dict}
 RESUME_KEYS: dict[str, type | tuple[type, ...]] = {"global_batch": int, "num_samples": (int, type(None)),
@@ -272,6 +294,11 @@ def expected_tensors(tensors: Mapping[str, Tensor]) -> dict[str, tuple[tuple[int
 def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (dtype, shape) of a safetensors file, from its header only (8-byte length + JSON; no data is read,
     nothing is unpickled). A CheckpointReadError names the file when the header or the offsets do not add up."""
+    return _read_header(path)[0]
+
+
+def _read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """`safetensors_header` and the file's `__metadata__` (string -> string)."""
 
     def unreadable(why: str) -> CheckpointReadError:
         return CheckpointReadError(f"{path} is not a readable safetensors file ({why}); genforge never unpickles "
@@ -294,14 +321,15 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     if not isinstance(header, dict):
         raise unreadable("its header is not a JSON object")
     data_size, found = size - 8 - length, {}
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        raise unreadable("its __metadata__ is not a JSON object")
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         try:
             dtype, shape, (begin, end) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
-            count = 1
-            for d in shape:
-                count *= d
+            count = math.prod(shape)
             width = SAFETENSORS_DTYPES[dtype]
         except (KeyError, TypeError, ValueError) as err:
             raise unreadable(f"tensor {name!r} has a malformed header entry: {err!r}") from None
@@ -312,13 +340,49 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             raise unreadable(f"tensor {name!r} {dtype}{list(shape)} needs {count * width} bytes, its offsets give "
                              f"{end - begin}")
         found[name] = (dtype, shape)
-    return found
+    return found, metadata
 
 
-def _check_tensors(path: Path, expected: Expected, may_lack: Iterable[str]) -> None:
-    """The names, shapes and dtypes in the header of `path` are those of `expected` (names in `may_lack` may be
+SHARDS = "shards"  # the folder of a sharded checkpoint's tensors (genforge.engine.sharding)
+DCP_SHARDING_KEY, DCP_OFFSETS_KEY = "DCP_SHARDING_INFO", "saved_offsets"  # what DCP's safetensors writer records
+
+
+def sharded_tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, whole shape) of the tensors in a `shards/` folder, from the files' headers (nothing else is
+    read). CheckpointReadError naming the folder when a file is unreadable or the pieces of a tensor do not cover
+    it exactly (a rank's file missing or torn)."""
+    files = sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []
+    if not files:
+        raise CheckpointReadError(f"{folder} holds no shards: the checkpoint is not complete")
+    pieces: dict[str, list[tuple[str, tuple[int, ...], tuple[int, ...]]]] = {}
+    for path in files:
+        found, metadata = _read_header(path)
+        try:
+            offsets = json.loads(metadata.get(DCP_SHARDING_KEY, "{}"))
+            for name, (dtype, shape) in found.items():
+                at = tuple(int(o) for o in offsets[name][DCP_OFFSETS_KEY]) if name in offsets else (0,) * len(shape)
+                if len(at) != len(shape):
+                    raise ValueError(f"{name}: offsets {list(at)} for shape {list(shape)}")
+                pieces.setdefault(name, []).append((dtype, shape, at))
+        except (ValueError, TypeError, KeyError) as err:
+            raise CheckpointReadError(f"{path}: its sharding record is malformed ({err})") from None
+    whole: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, parts in pieces.items():
+        dtype = parts[0][0]
+        shape = tuple(max(at[d] + size[d] for _, size, at in parts) for d in range(len(parts[0][1])))
+        distinct = len({at for _, _, at in parts}) == len(parts)  # DCP writes each piece (a replicated tensor) once
+        volume = sum(math.prod(size) for _, size, _ in parts)
+        if any(p[0] != dtype for p in parts) or volume != math.prod(shape) or not distinct:
+            raise CheckpointReadError(f"{folder}: the pieces of {name!r} do not make up a {dtype}{list(shape)} "
+                                      "tensor: a rank's shard file is missing or torn")
+        whole[name] = (dtype, shape)
+    return whole
+
+
+def _check_tensors(path: Path, found: dict[str, tuple[str, tuple[int, ...]]], expected: Expected,
+                   may_lack: Iterable[str]) -> None:
+    """The names, shapes and dtypes `found` in `path` are those of `expected` (names in `may_lack` may be
     absent)."""
-    found = safetensors_header(path)
     unexpected = sorted(set(found) - set(expected))
     missing = sorted(set(expected) - set(found) - set(may_lack))
     if unexpected or missing:
@@ -332,13 +396,22 @@ def _check_tensors(path: Path, expected: Expected, may_lack: Iterable[str]) -> N
                                       f"{want}{list(want_shape)}")
 
 
-def _check_state_files(stem: Path) -> None:
-    """A save_state pair: `stem.json` (readable JSON) and `stem.safetensors` (a sane header)."""
-    for part in (stem.with_suffix(".json"), stem.with_suffix(".safetensors")):
+def _check_state_files(stem: Path, shards: dict[str, Any] | None = None) -> None:
+    """A save_state pair: `stem.json` (readable JSON) and `stem.safetensors` (a sane header); with `shards` (the
+    tensors of a sharded checkpoint), `stem.json` alone, whose tensors must be among them."""
+    parts = (stem.with_suffix(".json"),) if shards is not None else (stem.with_suffix(".json"),
+                                                                      stem.with_suffix(".safetensors"))
+    for part in parts:
         if not part.is_file():
             raise CheckpointReadError(f"{part} is missing: the checkpoint is not complete")
-    read_json(stem.with_suffix(".json"))
-    safetensors_header(stem.with_suffix(".safetensors"))
+    skeleton = read_json(stem.with_suffix(".json"))
+    if shards is None:
+        safetensors_header(stem.with_suffix(".safetensors"))
+        return
+    absent = [key for key in tensor_refs(skeleton) if key not in shards]
+    if absent:
+        raise CheckpointReadError(f"{stem.with_suffix('.json')} names tensors its checkpoint's {SHARDS}/ lacks "
+                                  f"({absent[:3]}): the checkpoint is not complete")
 
 
 def _stems(folder: Path) -> set[str]:
@@ -349,15 +422,18 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
                       may_lack: Iterable[str] = (), ema_may_lack: Iterable[str] = (), resume: bool = False) -> None:
     """Check a checkpoint folder without loading its tensors; a CheckpointReadError names the file and the cause.
 
-    Always: model.safetensors and ema.safetensors with sane headers, trainer_state.json a JSON object with the keys
-    sampling needs. With `expected` (`expected_ema`): the tensor names, shapes and dtypes of model.safetensors
-    (ema.safetensors) match it, names in `may_lack` (`ema_may_lack`) may be absent. With `resume` (what training
-    needs besides): the resume keys of trainer_state.json, the optimizer files of each phase in optim/ and the rng
-    files of every rank of the run that wrote it."""
+    Always: model.safetensors and ema.safetensors with sane headers (a sharded checkpoint: `shards/` whose pieces
+    make up every tensor), trainer_state.json a JSON object with the keys sampling needs. With `expected`
+    (`expected_ema`): the tensor names, shapes and dtypes of the model (EMA) weights match it, names in `may_lack`
+    (`ema_may_lack`) may be absent. With `resume` (what training needs besides): the resume keys of
+    trainer_state.json, the optimizer files of each phase in optim/ and the rng files of every rank of the run
+    that wrote it."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointReadError(f"{path} does not exist")
-    for name in ("model.safetensors", "ema.safetensors", "trainer_state.json"):
+    shards = sharded_tensors(path / SHARDS) if (path / SHARDS).exists() else None
+    for name in ("trainer_state.json",) if shards is not None else ("model.safetensors", "ema.safetensors",
+                                                                     "trainer_state.json"):
         if not (path / name).is_file():
             raise CheckpointReadError(f"{path / name} is missing: the checkpoint is not complete")
     state_path = path / "trainer_state.json"
@@ -369,14 +445,14 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
             raise CheckpointReadError(f"{state_path} lacks the key {key!r}")
         if not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool)):
             raise CheckpointReadError(f"{state_path}: {key!r} is {state[key]!r}, not of the expected type")
-    if expected is not None:
-        _check_tensors(path / "model.safetensors", expected, may_lack)
-    else:
-        safetensors_header(path / "model.safetensors")
-    if expected_ema is not None:
-        _check_tensors(path / "ema.safetensors", expected_ema, ema_may_lack)
-    else:
-        safetensors_header(path / "ema.safetensors")
+    for part, want, lack in (("model", expected, may_lack), ("ema", expected_ema, ema_may_lack)):
+        where = path / SHARDS if shards is not None else path / f"{part}.safetensors"
+        found = ({k[len(part) + 1:]: v for k, v in shards.items() if k.startswith(f"{part}.")} if shards is not None
+                 else safetensors_header(where))
+        if shards is not None and not found:
+            raise CheckpointReadError(f"{where} holds no {part} weights: the checkpoint is not complete")
+        if want is not None:
+            _check_tensors(where, found, want, lack)
     if not resume:
         return
     optim = _stems(path / "optim")
@@ -384,7 +460,7 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
     if not optim and not listed:
         raise CheckpointReadError(f"{path / 'optim'} holds no optimizer state: the checkpoint is not complete")
     for stem in sorted(set(listed) if isinstance(listed, list) else optim):
-        _check_state_files(path / "optim" / str(stem))
+        _check_state_files(path / "optim" / str(stem), shards if stem != "grad_scaler" else None)
     for rank in range(state["world_size"]):
         _check_state_files(path / "rng" / f"rank-{rank}")
 
@@ -414,3 +490,28 @@ def newest_usable(ckpts: CheckpointDir, verify: Callable[[Path], None]) -> tuple
         return path, rejected
     raise CheckpointReadError("no usable checkpoint in " + str(ckpts.root) + ": " +
                               "; ".join(why for _, why in rejected))
+
+
+def read_weights(path: Path, part: str, device: str = "cpu") -> dict[str, Tensor]:
+    """The whole `part` ("model" or "ema") weights of checkpoint `path`, on this process alone, from either layout
+    (a sharded checkpoint's pieces assembled, at any world size it was written with)."""
+    if not (path / SHARDS).is_dir():
+        return load_tensors(path / f"{part}.safetensors", device)
+    prefix = f"{part}."
+    tensors = {name: torch.empty(shape, dtype=SAFETENSORS_TO_TORCH[dtype])
+               for name, (dtype, shape) in sharded_tensors(path / SHARDS).items() if name.startswith(prefix)}
+    try:
+        load_shards(path / SHARDS, tensors, collective=False)
+    except Exception as err:  # DCP wraps a reader's error (a torn file) in its own exception types
+        raise CheckpointReadError(f"{path / SHARDS}: could not read the {part} weights ({err})") from err
+    return {name[len(prefix):]: t.to(device) for name, t in tensors.items()}
+
+
+def weights_hash(path: Path) -> str:
+    """A content hash of a checkpoint's EMA weights (what a frozen codec taken from it is), either layout."""
+    if not (path / SHARDS).is_dir():
+        return file_sha256(path / "ema.safetensors")
+    digest = hashlib.sha256()
+    for shard in sorted((path / SHARDS).glob("*.safetensors")):
+        digest.update(f"{shard.name}:{file_sha256(shard)};".encode())
+    return digest.hexdigest()

@@ -65,3 +65,22 @@ def apply_optimizer_settings(optimizer: torch.optim.Optimizer, scheduler: Lambda
         group["betas"] = tuple(cfg.betas)
         group["weight_decay"] = cfg.weight_decay if all(_decayed(p) for p in group["params"]) else 0.0
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+@torch.no_grad()
+def materialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state (AdamW: zero moments, step 0) for every parameter that has none, without
+    changing a weight: one step at lr 0 on zero gradients (as torch.distributed.checkpoint's state-dict helpers do).
+    A sharded checkpoint is loaded into existing tensors, in place."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if all(optimizer.state.get(p) for p in params):
+        return
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, broadcast_object_list
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -33,15 +34,18 @@ from genforge.core.task import Batch, Task
 from genforge.data.base import BadDataError, DataInfo, collate, missing_field_error
 from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, check_enough_samples, data_info,
                                   dataset_size, heldout_samples, unreadable_start)
-from genforge.engine.checkpoint import (WRITE_ERRORS, CheckpointDir, CheckpointError, CheckpointReadError,
-                                        expected_tensors, load_state, load_tensors, newest_usable, nonfinite_tensors,
-                                        read_json, save_state, save_tensors, step_dir_name, verify_checkpoint)
+from genforge.engine.checkpoint import (SAFETENSORS_TO_TORCH, SHARDS, WRITE_ERRORS, CheckpointDir, CheckpointError,
+                                        CheckpointReadError, expected_tensors, flatten_state, load_state,
+                                        load_tensors, newest_usable, nonfinite_tensors, read_json, save_state,
+                                        save_tensors, sharded_tensors, step_dir_name, tensor_refs, unflatten_state,
+                                        verify_checkpoint)
 from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
 from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
 from genforge.engine.logging import RunLogger, write_samples
-from genforge.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler
+from genforge.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, materialize_state
 from genforge.engine.preemption import Preempted, StopRequests
+from genforge.engine.sharding import full_weights, gradient_sync, load_shards, local, save_shards, shard_task, whole
 from genforge.eval.run import evaluate_task, write_eval_results
 
 # What a checkpoint restores, by name (`load_checkpoint(skip=...)` lets tests prove each one matters).
@@ -157,14 +161,22 @@ class Trainer:
             ddp.find_unused_parameters = True
         self.task.to(acc.device)
         tc.check_phases(self.task.phase_names())
+        # fsdp: sharded over the processes (one process: whole, with sharded-format checkpoints all the same)
+        self.sharded = tc.sharding == "fsdp" and acc.num_processes > 1
+        self.sharded_checkpoints = tc.sharding == "fsdp"
+        if self.sharded:
+            shard_task(self.task, acc.device, tc.precision)
         self.phase_train = {p: tc.for_phase(p) for p in self.task.phases}  # train.phases.<p> applied
         self.optimizers = {p: build_optimizer(self.task.parameters_for(p), self.phase_train[p], acc.device)
                            for p in self.task.phases}
         self.schedulers = {p: build_scheduler(o, self.phase_train[p]) for p, o in self.optimizers.items()}
         self.carried_optimizer_state: dict[str, Any] = {}  # of phases this run does not train, kept as loaded
-        prepared = acc.prepare(self.task, *self.optimizers.values())
-        self.model, prepared_optimizers = prepared[0], prepared[1:]
-        self.optimizers = dict(zip(self.task.phases, prepared_optimizers))
+        if self.sharded:  # FSDP2 reduces the gradients itself: no DDP wrapper
+            self.model: nn.Module = self.task
+        else:
+            prepared = acc.prepare(self.task, *self.optimizers.values())
+            self.model, prepared_optimizers = prepared[0], prepared[1:]
+            self.optimizers = dict(zip(self.task.phases, prepared_optimizers))
         self.ema = EMA(self.task.ema_module(), tc.ema_decay, tc.ema_warmup, tc.ema_start, self._ema_decays())
         self.step = 0
         self.data_position = 0  # global batches consumed; ahead of `step` after a rollback skipped data
@@ -209,28 +221,53 @@ class Trainer:
     def _state_tensors(self) -> dict[str, dict[str, Tensor]]:
         return {"model": self.task.state_dict(), "ema": self.ema.state_dict()}
 
+    def _optimizer_state(self, phase: str) -> dict[str, Any]:
+        return {"optimizer": self.optimizers[phase].state_dict(), "scheduler": self.schedulers[phase].state_dict()}
+
+    def _sharded_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """A sharded checkpoint's tensors (`model.`, `ema.`, `optim.<phase>.` names; each rank's shards, not
+        copies) and the JSON skeleton of each phase's optimizer state naming its tensors among them."""
+        tensors = {f"{part}.{name}": t for part, state in self._state_tensors().items() for name, t in state.items()}
+        states = {**{phase: self._optimizer_state(phase) for phase in self.optimizers}, **self.carried_optimizer_state}
+        skeletons = {phase: flatten_state(state, tensors, f"optim.{phase}", copy=False) for phase, state in states.items()}
+        return tensors, skeletons
+
+    def _nonfinite_state(self) -> list[str]:
+        """Weights or EMA values that are NaN or infinite (a checkpoint must not hold them): checked by the main
+        process, or under sharding by every rank on its shards, every rank then learning whether any found one."""
+        if not (self.accelerator.is_main_process or self.sharded):
+            return []
+        bad = sorted(f"{part}.{name}" for part, tensors in self._state_tensors().items()
+                     for name in nonfinite_tensors({k: local(t) for k, t in tensors.items()}))
+        if self.sharded and self._any_rank(bool(bad)) and not bad:
+            bad = ["(the shards of another rank)"]
+        return bad
+
     def save_checkpoint(self) -> Path:
-        """Every rank writes its RNG state, the main process the rest; committed atomically. A write error
-        removes this checkpoint's files, keeps the previous `latest`, and raises CheckpointError."""
+        """Every rank writes its RNG state (and under train.sharding=fsdp its shards of the weights, EMA and
+        optimizer state, in parallel), the main process the rest; committed atomically. A write error removes this
+        checkpoint's files, keeps the previous `latest`, and raises CheckpointError."""
         acc = self.accelerator
         error: BaseException | None = None
         tmp: Path | None = None
+        bad = self._nonfinite_state()
+        if bad:
+            raise TrainingError(f"refusing to write a checkpoint at step {self.step} holding non-finite "
+                                f"values in {', '.join(bad[:5])}")
+        shards, skeletons = self._sharded_state() if self.sharded_checkpoints else ({}, {})
         if acc.is_main_process:
-            bad = {f"{part}.{name}" for part, tensors in self._state_tensors().items()
-                   for name in nonfinite_tensors(tensors)}
-            if bad:
-                raise TrainingError(f"refusing to write a checkpoint at step {self.step} holding non-finite "
-                                    f"values in {', '.join(sorted(bad)[:5])}")
             try:
                 tmp = self.checkpoints.staging(self.step)
-                self._write_main_state(tmp)
+                self._write_main_state(tmp, skeletons)
             except WRITE_ERRORS as err:
                 error = err
         shared = broadcast_object_list([str(tmp) if tmp is not None and error is None else ""])[0]
         if shared:
             try:
+                if self.sharded_checkpoints:  # a collective: every rank writes its pieces
+                    save_shards(Path(shared) / SHARDS, shards)
                 save_state(Path(shared) / "rng" / f"rank-{acc.process_index}", global_rng_state())
-            except WRITE_ERRORS as err:
+            except (*WRITE_ERRORS, CheckpointException) as err:
                 error = error or err
         failed = self._any_rank(error is not None) or not shared
         final = None
@@ -265,7 +302,7 @@ class Trainer:
             return every
 
         tensors = {f"{part}.{name}": t.to(acc.device) for part, state in self._state_tensors().items()
-                   for name, t in state.items()}
+                   for name, t in state.items() if local(t) is t}  # each rank's shards differ by design
         found = first_difference(tensors, gather)
         if found is not None:
             name, rank = found
@@ -279,19 +316,26 @@ class Trainer:
             return None
         return float(self.last_eval[name])
 
-    def _write_main_state(self, tmp: Path) -> None:
+    def _write_main_state(self, tmp: Path, skeletons: dict[str, Any]) -> None:
+        """What the main process writes: the weights, EMA and optimizer state (sharded: only the optimizer
+        states' skeletons, `optim/<phase>.json`), the grad scaler, and trainer_state.json."""
         acc = self.accelerator
-        save_tensors(tmp / "model.safetensors", self.task.state_dict())
-        save_tensors(tmp / "ema.safetensors", self.ema.state_dict())
-        for phase, opt in self.optimizers.items():
-            save_state(tmp / "optim" / phase, {"optimizer": opt.state_dict(),
-                                                "scheduler": self.schedulers[phase].state_dict()})
-        for phase, saved in self.carried_optimizer_state.items():
-            save_state(tmp / "optim" / phase, saved)
+        if self.sharded_checkpoints:
+            (tmp / "optim").mkdir()
+            for phase, skeleton in skeletons.items():
+                (tmp / "optim" / f"{phase}.json").write_text(json.dumps(skeleton))
+        else:
+            save_tensors(tmp / "model.safetensors", self.task.state_dict())
+            save_tensors(tmp / "ema.safetensors", self.ema.state_dict())
+            for phase in self.optimizers:
+                save_state(tmp / "optim" / phase, self._optimizer_state(phase))
+            for phase, saved in self.carried_optimizer_state.items():
+                save_state(tmp / "optim" / phase, saved)
         if acc.scaler is not None:
             save_state(tmp / "optim" / "grad_scaler", acc.scaler.state_dict())
         optim_files = sorted(p.stem for p in (tmp / "optim").glob("*.json"))
         state = {
+            "sharding": self.run.train.sharding,
             "step": self.step,
             "data_position": self.data_position,
             "rollbacks": self.rollbacks,
@@ -404,22 +448,29 @@ class Trainer:
         if unknown:
             raise ValueError(f"unknown state pieces {sorted(unknown)}; known: {', '.join(STATE_PIECES)}")
         state = read_json(path / "trainer_state.json")
-        device = str(acc.device)
         # weights of a phase added since the checkpoint (e.g. a token critic after its generator) start fresh
         new_phases = [p for p in self.task.phase_names() if not (path / "optim" / f"{p}.json").exists()]
         fresh = {id(p) for phase in new_phases for p in self.task.parameters_for(phase)}
-        if "model" not in skip:
-            self._load_weights(self.task, load_tensors(path / "model.safetensors", device), fresh, path.name)
-        if "ema" not in skip:
+        saved_phases = [p for p in self.task.phase_names() if p not in new_phases]
+        if (path / SHARDS).is_dir():
+            weights, ema_weights, optimizer_states = self._read_sharded(path, saved_phases, skip)
+        else:
+            device = str(acc.device)
+            weights = load_tensors(path / "model.safetensors", device) if "model" not in skip else None
+            ema_weights = load_tensors(path / "ema.safetensors", device) if "ema" not in skip else None
+            optimizer_states = {phase: load_state(path / "optim" / phase) for phase in saved_phases}
+        if weights is not None:
+            self._load_weights(self.task, weights, fresh, path.name)
+        if ema_weights is not None:
             new_averaged = {n for n, p in self.task.ema_module().named_parameters() if id(p) in fresh}
-            self.ema.load_state_dict(load_tensors(path / "ema.safetensors", device), may_lack=new_averaged)
+            self.ema.load_state_dict(ema_weights, may_lack=new_averaged)
         for phase in self.task.phase_names():
-            if not (path / "optim" / f"{phase}.json").exists():
+            if phase not in optimizer_states:
                 if phase in self.optimizers and acc.is_main_process:
                     print(f"genforge: {path.name} has no optimizer state of phase {phase!r} (not trained before): "
                           "it starts with a fresh optimizer", file=sys.stderr)
                 continue
-            saved = load_state(path / "optim" / phase)
+            saved = optimizer_states[phase]
             if phase not in self.optimizers:  # not trained in this run: written back unchanged
                 self.carried_optimizer_state[phase] = saved
                 continue
@@ -446,6 +497,33 @@ class Trainer:
             print(f"genforge: batch size, data set size or (shards) processes x data.num_workers changed since "
                   f"{path.name}; the data order "
                   "from here on differs from an uninterrupted run", file=sys.stderr)
+
+    def _read_sharded(self, path: Path, phases: list[str], skip: set[str]) -> tuple[
+            dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Any]]:
+        """The weights, EMA and optimizer states of `phases` from a sharded checkpoint, read (a collective) into
+        tensors laid out as this run's: each rank its own shards at this world size, whatever the checkpoint's."""
+        shards = sharded_tensors(path / SHARDS)
+        template: dict[str, Tensor] = {}
+        for part, tensors in self._state_tensors().items():
+            if part not in skip:  # weights of a phase new since the checkpoint are not in it
+                template.update({f"{part}.{k}": t for k, t in tensors.items() if f"{part}.{k}" in shards})
+        skeletons = {phase: read_json(path / "optim" / f"{phase}.json") for phase in phases}
+        for phase, skeleton in skeletons.items():
+            if phase not in self.optimizers:  # a phase this run does not train: kept whole, as loaded
+                template.update({k: torch.empty(shards[k][1], dtype=SAFETENSORS_TO_TORCH[shards[k][0]])
+                                 for k in tensor_refs(skeleton)})
+                continue
+            materialize_state(self.optimizers[phase])  # DCP loads into existing tensors
+            current: dict[str, Tensor] = {}
+            flatten_state(self._optimizer_state(phase), current, f"optim.{phase}", copy=False)
+            if set(tensor_refs(skeleton)) != set(current):
+                raise CheckpointReadError(f"{path / 'optim' / f'{phase}.json'} holds the optimizer state of other "
+                                          f"parameters than this model's phase {phase!r}")
+            template.update(current)
+        load_shards(path / SHARDS, template)
+        parts = {part: None if part in skip else {k[len(part) + 1:]: t for k, t in template.items()
+                                                  if k.startswith(f"{part}.")} for part in ("model", "ema")}
+        return parts["model"], parts["ema"], {p: unflatten_state(s, template) for p, s in skeletons.items()}
 
     # ------------------------------------------------------------------------------------- one step
     def _batches(self) -> Iterator[dict[str, Any]]:
@@ -474,7 +552,7 @@ class Trainer:
                 batch["rng"] = BatchRandom(tc.seed, self.step, phase_index, tc.batch_size, offset, size, acc.device)
                 last = m == len(batches) - 1
                 missing = batch.pop("missing", {})
-                with acc.no_sync(self.model) if not last else nullcontext(), acc.autocast():
+                with self._gradient_sync(last), acc.autocast():
                     try:
                         loss, extra = self.model(batch, phase, self.step)
                     except KeyError as err:
@@ -485,7 +563,7 @@ class Trainer:
                     logs.add(f"{phase}/{name}" if len(self.task.phases) > 1 else name, value)
             params = [p for g in opt.param_groups for p in g["params"]]
             clip = self.phase_train[phase].grad_clip
-            norm = acc.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+            norm = whole(acc.clip_grad_norm_(params, clip if clip > 0 else float("inf")))
             # the norm is of the all-reduced gradients: every rank takes the same decision
             finite = bool(torch.isfinite(total) and torch.isfinite(norm))
             if finite or tc.precision == "fp16":  # fp16: the grad scaler skips and rescales by itself
@@ -500,31 +578,46 @@ class Trainer:
             logs.add(name.replace("loss", "grad_norm"), norm if finite else torch.zeros_like(norm))
         return all_finite
 
+    def _gradient_sync(self, sync: bool) -> Any:
+        """A context in which backward reduces the gradients over processes only when `sync` (the last
+        micro-batch of a step)."""
+        if self.sharded:
+            gradient_sync(self.task, sync)
+            return nullcontext()
+        return nullcontext() if sync else self.accelerator.no_sync(self.model)
+
     # -------------------------------------------------------------------------------------- cadences
     def _due(self, every: int) -> bool:
         return (every > 0 and self.step % every == 0) or self.step == self.run.train.steps
 
     @torch.no_grad()
     def sample_grid(self) -> Path | None:
-        """Preview grid from the EMA weights, written by the main process. A task with `preview_online` is also
-        handed the same samples (same conditions and seed) from the online weights as cond["online"] for its
-        preview, e.g. a tokenizer's reconstructions by both beside each other (muse-maskgit-pytorch's trainer)."""
-        if not self.accelerator.is_main_process or not self.task.makes_samples:
+        """Preview grid from the EMA weights, written by the main process (a sharded task samples on every rank,
+        with the weights gathered). A task with `preview_online` is also handed the same samples (same conditions
+        and seed) from the online weights as cond["online"] for its preview, e.g. a tokenizer's reconstructions by
+        both beside each other (muse-maskgit-pytorch's trainer)."""
+        main = self.accelerator.is_main_process
+        if not (main or self.sharded) or not self.task.makes_samples:
             return None
         seed, n, device = self.run.train.seed, self.run.train.num_samples, self.accelerator.device
         self.task.eval()
         online = None
         if self.task.preview_online:
             gen = torch.Generator(device=device).manual_seed(seed)
-            online = self.task.sample(self.task.sample_conditions(n, gen), gen, n)
+            with full_weights(self.task):
+                online = self.task.sample(self.task.sample_conditions(n, gen), gen, n)
         gen = torch.Generator(device=device).manual_seed(seed)
-        with self.ema.swapped_in():
+        path = None
+        with self.ema.swapped_in(), full_weights(self.task):
             cond = self.task.sample_conditions(n, gen)
             images = self.task.sample(cond, gen, n)
             if online is not None:
                 cond["online"] = online
-            path = write_samples(self.task, cond, images, self.run_dir / "samples" / step_dir_name(self.step))
+            if main:  # a task's preview may run its networks (a dvae's soft reconstructions)
+                path = write_samples(self.task, cond, images, self.run_dir / "samples" / step_dir_name(self.step))
         self.task.train()
+        if path is None:
+            return None
         self.logger.image(self.step, "samples", path)
         return path
 
@@ -557,7 +650,7 @@ class Trainer:
         results, the others get an empty dict."""
         self.task.eval()
         results: dict[str, Any] = {}
-        with self.ema.swapped_in():
+        with self.ema.swapped_in(), full_weights(self.task):
             if self.run.eval.metrics != []:
                 results = evaluate_task(self.task, self.run.data, self.run.eval, self.run.eval.metrics,
                                         self.run.eval.n, seed=self.run.train.seed, device=self.accelerator.device)

@@ -16,7 +16,7 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.masked.config import MaskedTokenConfig
 from genforge.masked.masking import decode, guided_logits, hidden_count, training_mask
-from genforge.masked.transformer import MaskTransformer
+from genforge.masked.transformer import MaskTransformer, MaskTransformerBlock
 from genforge.text.encoders import attach_text_encoder, build_text_encoder, use_cached_text_embeds
 from genforge.tokenizers.standins import build_standin
 
@@ -24,6 +24,8 @@ from genforge.tokenizers.standins import build_standin
 class MaskedTokenTask(Task):
     """Trains a `MaskTransformer` to predict masked token ids (cross-entropy on the masked positions only) and
     samples by iterative decoding, then decodes the ids to pixels with the tokenizer."""
+
+    shard_block_types = (MaskTransformerBlock,)
 
     def __init__(self, cfg: MaskedTokenConfig, ctx: BuildContext) -> None:
         super().__init__()

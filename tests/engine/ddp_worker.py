@@ -2,7 +2,9 @@
 every rank saves its weights and buffers.
 
 GENFORGE_TEST_FAULT=kill|hang makes rank 1 die (SIGKILL) or hang at step 3, for the failure tests;
-GENFORGE_TEST_FAULT=diverge makes rank 1 nudge one weight at step 1 (the consistency check must name it).
+GENFORGE_TEST_FAULT=diverge makes rank 1 nudge one weight at step 1 (the consistency check must name it);
+GENFORGE_TEST_FAULT=kill_in_shards makes rank 1 die (SIGKILL) while writing its shards of the checkpoint of step 4
+(train.sharding=fsdp).
 """
 
 import os
@@ -16,10 +18,21 @@ from safetensors.torch import save_file
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
+from genforge.engine import trainer as trainer_module
+from genforge.engine.sharding import whole
 from genforge.families.diffusion.task import DiffusionTask
 
 fault = os.environ.get("GENFORGE_TEST_FAULT")
-if fault and os.environ.get("RANK") == "1":
+if fault == "kill_in_shards" and os.environ.get("RANK") == "1":
+    plain_save = trainer_module.save_shards
+
+    def dying_save(folder, tensors):
+        if folder.parent.name.endswith("step-000004"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        plain_save(folder, tensors)
+
+    trainer_module.save_shards = dying_save
+elif fault and os.environ.get("RANK") == "1":
     plain = DiffusionTask.loss
 
     def faulty(self, batch, phase, step):
@@ -38,5 +51,5 @@ run_dir, out_dir, *overrides = sys.argv[1:]
 trainer = make_trainer(load_config(os.environ.get("GENFORGE_TEST_PRESET", "dit-debug"), overrides), Path(run_dir))
 trainer.fit()
 rank = trainer.accelerator.process_index
-state = {k: v.detach().cpu().contiguous() for k, v in trainer.task.state_dict().items()}
+state = {k: whole(v).detach().cpu().contiguous() for k, v in trainer.task.state_dict().items()}
 save_file(state, str(Path(out_dir) / f"rank{rank}-of{trainer.accelerator.num_processes}.safetensors"))

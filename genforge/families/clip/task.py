@@ -12,14 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import Tensor
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor
 
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task
 from genforge.families.clip.config import ClipConfig
 from genforge.families.clip.model import ClipModel
+from genforge.nn.attention import PreNormBlock
 from genforge.text.encoders import build_text_encoder
 
 
@@ -67,6 +68,7 @@ class ClipTask(Task):
     decoder use. It makes no samples."""
 
     makes_samples = False
+    shard_block_types = (PreNormBlock,)
 
     def __init__(self, cfg: ClipConfig, ctx: BuildContext) -> None:
         super().__init__()

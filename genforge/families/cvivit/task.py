@@ -12,11 +12,15 @@ from genforge.core.random import BatchRandom
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.cvivit.config import CViViTConfig
 from genforge.families.cvivit.model import CViViT
+from genforge.nn.attention import PreNormBlock
+from genforge.nn.discriminator import PatchDiscriminator
 from genforge.tokenizers.task import TokenizerTask
 
 
 class CViViTTask(TokenizerTask):
     """Trains a CViViT; its codec's ids [B, t, h, w] are what Phenaki models."""
+
+    shard_block_types = (PreNormBlock, PatchDiscriminator)
 
     def __init__(self, cfg: CViViTConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

@@ -21,10 +21,11 @@ from genforge.diffusion.build import build_diffusion, build_objective, sample_di
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
 from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
-from genforge.tokenizers.standins import PooledPixelEmbedder
 from genforge.nn.frozen import Frozen
+from genforge.nn.unet import AttentionBlock, ResBlock
 from genforge.text.clip_embedder import PretrainedClipEmbedder
 from genforge.text.encoders import attach_text_encoder, build_text_encoder
+from genforge.tokenizers.standins import PooledPixelEmbedder
 
 AUGMENTATION_STEPS = 1000  # the noise-augmentation schedule's steps (levels are shares of it)
 
@@ -36,6 +37,8 @@ def augmentation_process() -> GaussianDiffusion:
 
 class Dalle2DecoderTask(Task):
     """The cascade of `Dalle2DecoderConfig.stages`, trained stage by stage as phases."""
+
+    shard_block_types = (ResBlock, AttentionBlock)
 
     def __init__(self, cfg: Dalle2DecoderConfig, ctx: BuildContext) -> None:
         super().__init__()

@@ -13,14 +13,16 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.diffusion.build import build_objective, sample_diffusion
 from genforge.families.diffusion.config import DiffusionModelConfig
-from genforge.families.diffusion.dit import DiT
-from genforge.nn.unet import UNet, build_unet
+from genforge.families.diffusion.dit import DiT, DiTBlock
+from genforge.nn.unet import AttentionBlock, ResBlock, UNet, build_unet
 from genforge.tokenizers.standins import build_standin
 
 
 class DiffusionTask(Task):
     """Trains the backbone with the objective's `training_losses` (DiT train.py's loop) and samples with the
     configured sampler."""
+
+    shard_block_types = (DiTBlock, ResBlock, AttentionBlock)
 
     def __init__(self, cfg: DiffusionModelConfig, ctx: BuildContext) -> None:
         super().__init__()

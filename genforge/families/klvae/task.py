@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from diffusers.models.unets.unet_2d_blocks import DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D
 from torch import Tensor
 
-from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
+from genforge.core.random import BatchRandom
 from genforge.families.klvae.config import KLVAEConfig
 from genforge.families.klvae.model import KLAutoencoder, build_autoencoder_kl
+from genforge.nn.discriminator import PatchDiscriminator
 from genforge.tokenizers.task import TokenizerTask
 
 
 class KLVAETask(TokenizerTask):
     """Trains a KLAutoencoder; its codec's latents are what a latent DiT models."""
+
+    shard_block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D, PatchDiscriminator)
 
     def __init__(self, cfg: KLVAEConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

@@ -3,18 +3,22 @@ MUSE's VQGanVAE), the discriminator as the second phase (genforge/tokenizers/tas
 
 from __future__ import annotations
 
+from diffusers.models.unets.unet_2d_blocks import DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D
 from torch import Tensor
 
-from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
+from genforge.core.random import BatchRandom
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
-from genforge.tokenizers.task import TokenizerTask
 from genforge.families.vqgan.config import VQGANConfig
 from genforge.families.vqgan.model import VQAutoencoder
+from genforge.nn.discriminator import PatchDiscriminator
+from genforge.tokenizers.task import TokenizerTask
 
 
 class VQGANTask(TokenizerTask):
     """Trains a VQAutoencoder; its codec's token ids are what MaskGIT models."""
+
+    shard_block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D, PatchDiscriminator)
 
     def __init__(self, cfg: VQGANConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

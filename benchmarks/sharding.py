@@ -1,0 +1,93 @@
+"""Per-rank memory of the trained state and checkpoint write time, DDP vs train.sharding=fsdp, on 2 CPU processes.
+
+    python benchmarks/sharding.py                       # dit-shapes and maskgit-shapes
+    python benchmarks/sharding.py --presets dit-debug   # any presets
+
+For each preset and strategy it launches `torchrun --nproc_per_node 2` on this file; every rank trains 2 steps, runs
+one more forward + backward so that gradients exist, and counts the bytes its own tensors hold (parameters that are
+trained, their gradients, the optimizer's moments, the EMA), then times one checkpoint write. Prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from genforge.app.config import load_config
+from genforge.app.runs import make_trainer
+from genforge.core.random import BatchRandom
+from genforge.engine.sharding import local
+
+
+def _bytes(tensors) -> int:
+    return sum(local(t).numel() * local(t).element_size() for t in tensors)
+
+
+def measure(preset: str, sharding: str, run_dir: Path) -> dict[str, float]:
+    """What this rank holds after training (a torchrun worker)."""
+    overrides = [f"train.sharding={sharding}", "train.steps=2", "train.sample_every=0", "train.checkpoint_every=0",
+                 "eval.every=0", "train.log_every=1", "log.tensorboard=false", "log.progress=false"]
+    trainer = make_trainer(load_config(preset, overrides), run_dir)
+    trainer.fit()
+    phase = trainer.task.phases[0]
+    batch = next(trainer._batches())
+    batch.pop("missing", None)
+    batch["rng"] = BatchRandom(0, 0, 0, len(batch.get("key", [0])), 0, len(batch.get("key", [0])),
+                               trainer.accelerator.device)
+    loss, _ = trainer.model(batch, phase, trainer.step)
+    loss.backward()
+    trained = [p for p in trainer.task.parameters() if p.requires_grad]
+    optimizer_state = [t for opt in trainer.optimizers.values() for s in opt.state.values() for t in s.values()
+                       if isinstance(t, torch.Tensor)]
+    sizes = {"parameters": _bytes(trained), "gradients": _bytes(p.grad for p in trained if p.grad is not None),
+             "optimizer": _bytes(optimizer_state), "ema": _bytes(trainer.ema.shadow.values())}
+    trainer.optimizers[phase].zero_grad(set_to_none=True)
+    torch.distributed.barrier()
+    start = time.perf_counter()
+    trainer.save_checkpoint()
+    torch.distributed.barrier()
+    sizes["checkpoint_s"] = time.perf_counter() - start
+    return sizes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default="dit-shapes,maskgit-shapes")
+    parser.add_argument("--worker", nargs=3, metavar=("PRESET", "SHARDING", "RUN_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        sizes = measure(args.worker[0], args.worker[1], Path(args.worker[2]))
+        print("SIZES " + json.dumps({"rank": int(os.environ["RANK"]), **sizes}), flush=True)
+        return
+    print(f"{'preset':16} {'strategy':8} {'params MB':>10} {'grads MB':>9} {'optim MB':>9} {'EMA MB':>8} "
+          f"{'total MB':>9} {'vs DDP':>7} {'ckpt write s':>12}")
+    for preset in args.presets.split(","):
+        ddp_total = None
+        for sharding in ("none", "fsdp"):
+            with tempfile.TemporaryDirectory() as tmp:
+                done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                       "--nproc_per_node", "2", __file__, "--worker", preset, sharding, tmp],
+                                      capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            rows = [json.loads(line[6:]) for line in done.stdout.splitlines() if line.startswith("SIZES ")]
+            if done.returncode or len(rows) != 2:
+                sys.exit(f"{preset} {sharding} failed:\n{done.stderr[-3000:]}")
+            rank = max(rows, key=lambda r: r["parameters"] + r["optimizer"])  # the rank holding the most
+            mb = {k: rank[k] / 2**20 for k in ("parameters", "gradients", "optimizer", "ema")}
+            total = sum(mb.values())
+            ddp_total = ddp_total or total
+            seconds = max(r["checkpoint_s"] for r in rows)
+            print(f"{preset:16} {'ddp' if sharding == 'none' else sharding:8} {mb['parameters']:10.2f} "
+                  f"{mb['gradients']:9.2f} {mb['optimizer']:9.2f} {mb['ema']:8.2f} {total:9.2f} "
+                  f"{total / ddp_total:7.2f} {seconds:12.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
