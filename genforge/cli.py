@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -66,7 +67,7 @@ def train(
     if dry_run:
         _dry_run(cfg, target, fresh)
         return
-    _check_writable(target, "--run-dir")
+    _check_writable(target, "--run-dir", keep=False)  # the trainer creates it once the run is accepted
     try:
         trainer = make_trainer(cfg, target, fresh=fresh)
     except (ValueError, FileNotFoundError) as err:
@@ -112,8 +113,10 @@ def _dry_run(cfg: RunConfig, target: Path, fresh: bool) -> None:
         typer.echo(f"# changed on resume: {change}")
 
 
-def _check_writable(folder: Path, option: str) -> None:
-    """Exit 2 naming `option` when `folder` cannot be created or written (a file, under a file, read-only, /proc)."""
+def _check_writable(folder: Path, option: str, keep: bool = True) -> None:
+    """Exit 2 naming `option` when `folder` cannot be created or written (a file, under a file, read-only, /proc).
+    Not `keep`: the folders this check created are removed again (a run refused later leaves no empty directory)."""
+    created = [path for path in (folder, *folder.parents) if not path.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".tmp-write-check-{os.getpid()}"
@@ -121,6 +124,10 @@ def _check_writable(folder: Path, option: str) -> None:
         probe.unlink()
     except OSError as err:
         _fail(f"{option} {folder}: cannot write there ({err.strerror or err})")
+    finally:
+        for path in created if not keep else ():  # deepest first
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def _check_finite(**values: float | None) -> None:

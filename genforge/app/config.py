@@ -59,6 +59,9 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
         source_of(self.data)  # a registered source (its own checks ran with the data section's)
+        if self.train.sharding == "fsdp" and self.model.no_sharding:
+            raise ValueError(f"train.sharding=fsdp: model.family={self.model.family} {self.model.no_sharding}; train it "
+                             "with train.sharding=none (DDP)")
         if self.eval.metrics is None:
             self.eval.metrics = list(self.model.default_metrics)
         try:

@@ -351,6 +351,7 @@ class FamilyConfig(StrictModel):
     default_metrics: ClassVar[tuple[str, ...]] = ()
     roles: ClassVar[tuple[str, ...]] = ("generator",)  # tokenizers: ("tokenizer",), discrete ones + "discrete"
     sample_options: ClassVar[type[SampleOptions]] = SampleOptions  # its own `genforge sample` options
+    no_sharding: ClassVar[str] = ""  # why train.sharding=fsdp cannot shard this family's model (empty: it can)
 
     def takes_prompts(self) -> bool:
         """Whether `genforge sample --prompt` applies (text-conditioned models)."""

@@ -362,6 +362,7 @@ class SkipLog:
         self.reads = 0  # samples read, unreadable ones included
         self.bad = 0  # unreadable reads (a bad file read in two epochs counts twice)
         self.listed: set[str] = set()
+        self.warned = 0
         if path.is_file():  # resumed run: keep listing each file once
             self.listed = self._read_listed(path)
 
@@ -380,12 +381,20 @@ class SkipLog:
                   file=sys.stderr)
         return listed
 
+    WARNINGS = 5  # unreadable samples named on stderr per process; the rest only in skipped.jsonl
+
     def record(self, batch_size: int, skipped: list[tuple[str, str]], step: int) -> None:
         self.reads += batch_size + len(skipped)
         self.bad += len(skipped)
         new = [(key, reason) for key, reason in dict(skipped).items() if key not in self.listed]
         if not new:
             return
+        for key, reason in new[: max(0, self.WARNINGS - self.warned)]:
+            print(f"genforge: warning: skipped unreadable sample {key} ({reason}); listed in {self.path}",
+                  file=sys.stderr)
+        if self.warned < self.WARNINGS <= self.warned + len(new):
+            print(f"genforge: warning: more unreadable samples are listed in {self.path} only", file=sys.stderr)
+        self.warned += len(new)
         self.listed.update(key for key, _ in new)
         with open(self.path, "a") as f:
             f.write("".join(json.dumps({"key": key, "reason": reason, "step": step}) + "\n" for key, reason in new))

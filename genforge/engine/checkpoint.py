@@ -347,13 +347,16 @@ SHARDS = "shards"  # the folder of a sharded checkpoint's tensors (genforge.engi
 DCP_SHARDING_KEY, DCP_OFFSETS_KEY = "DCP_SHARDING_INFO", "saved_offsets"  # what DCP's safetensors writer records
 
 
-def sharded_tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+def sharded_tensors(folder: Path, ranks: int | None = None) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (dtype, whole shape) of the tensors in a `shards/` folder, from the files' headers (nothing else is
-    read). CheckpointReadError naming the folder when a file is unreadable or the pieces of a tensor do not cover
-    it exactly (a rank's file missing or torn)."""
+    read). CheckpointReadError naming the folder when a file is unreadable, the pieces of a tensor do not cover it
+    exactly, or (`ranks`: the processes that wrote it, one file each) a rank's file is missing."""
     files = sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []
     if not files:
         raise CheckpointReadError(f"{folder} holds no shards: the checkpoint is not complete")
+    if isinstance(ranks, int) and len(files) != ranks:
+        raise CheckpointReadError(f"{folder} holds {len(files)} shard files, but {ranks} processes wrote it: a rank's "
+                                  "shard file is missing, the checkpoint is not complete")
     pieces: dict[str, list[tuple[str, tuple[int, ...], tuple[int, ...]]]] = {}
     for path in files:
         found, metadata = _read_header(path)
@@ -431,15 +434,15 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
     path = Path(path)
     if not path.is_dir():
         raise CheckpointReadError(f"{path} does not exist")
-    shards = sharded_tensors(path / SHARDS) if (path / SHARDS).exists() else None
-    for name in ("trainer_state.json",) if shards is not None else ("model.safetensors", "ema.safetensors",
-                                                                     "trainer_state.json"):
+    sharded = (path / SHARDS).exists()
+    for name in ("trainer_state.json",) if sharded else ("model.safetensors", "ema.safetensors", "trainer_state.json"):
         if not (path / name).is_file():
             raise CheckpointReadError(f"{path / name} is missing: the checkpoint is not complete")
     state_path = path / "trainer_state.json"
     state = read_json(state_path)
     if not isinstance(state, dict):
         raise CheckpointReadError(f"{state_path} holds a JSON {type(state).__name__}, not an object")
+    shards = sharded_tensors(path / SHARDS, state.get("world_size")) if sharded else None
     for key, kind in {**STATE_KEYS, **(RESUME_KEYS if resume else {})}.items():
         if key not in state:
             raise CheckpointReadError(f"{state_path} lacks the key {key!r}")

@@ -69,8 +69,7 @@ class RunLogger:
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         record = {"step": step, "time": round(time.time(), 3), **values}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._append(json.dumps(record) + "\n")
         if self.tb:
             for k, v in values.items():
                 self.tb.add_scalar(k, v, step)
@@ -79,8 +78,15 @@ class RunLogger:
 
     def event(self, step: int, kind: str, message: str) -> None:
         """A line of text in metrics.jsonl (e.g. a damaged checkpoint moved aside on resume)."""
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, "time": round(time.time(), 3), "event": kind, "message": message}) + "\n")
+        self._append(json.dumps({"step": step, "time": round(time.time(), 3), "event": kind, "message": message}) + "\n")
+
+    def _append(self, line: str) -> None:
+        """Append to metrics.jsonl; an OSError (a full disk) names the file."""
+        try:
+            with open(self.path, "a") as f:
+                f.write(line)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(self.path)) from err
 
     def histogram(self, step: int, tag: str, counts: list[int]) -> None:
         """A histogram of integer values given as the count of each value 0..len(counts)-1 (e.g. code ids)."""

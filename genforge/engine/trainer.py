@@ -502,7 +502,7 @@ class Trainer:
             dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Any]]:
         """The weights, EMA and optimizer states of `phases` from a sharded checkpoint, read (a collective) into
         tensors laid out as this run's: each rank its own shards at this world size, whatever the checkpoint's."""
-        shards = sharded_tensors(path / SHARDS)
+        shards = sharded_tensors(path / SHARDS, read_json(path / "trainer_state.json").get("world_size"))
         template: dict[str, Tensor] = {}
         for part, tensors in self._state_tensors().items():
             if part not in skip:  # weights of a phase new since the checkpoint are not in it

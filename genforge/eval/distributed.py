@@ -23,16 +23,18 @@ def _comm_device() -> torch.device:
 
 def gather_rows(rows: Tensor, index: Tensor) -> Tensor:
     """Rows [n_local, ...] of every rank with their global sample numbers `index` [n_local] -> all rows [N, ...]
-    in sample order, on every rank (CPU). Ranks may hold different counts (even 0): rows are padded to the
-    largest count for `all_gather`, and the padding removed before sorting."""
+    in sample order, on every rank (CPU). Ranks may hold different counts (even 0, whose placeholder rows may lack
+    the trailing shape, e.g. [0] for [n, T]): rows are padded to the largest count for `all_gather`, and the
+    padding removed before sorting."""
     rank, world = rank_and_world()
     if world == 1:
         return rows[index.argsort()]
     device = _comm_device()
-    count = torch.tensor([len(rows)], device=device)
-    counts = [torch.zeros_like(count) for _ in range(world)]
-    dist.all_gather(counts, count)
-    sizes = [int(c) for c in counts]
+    shapes: list[tuple[int, ...]] = [()] * world
+    dist.all_gather_object(shapes, tuple(rows.shape))
+    sizes = [shape[0] for shape in shapes]
+    trailing = next((shape[1:] for shape in shapes if shape[0]), tuple(rows.shape[1:]))
+    rows = rows.reshape(len(rows), *trailing)
     padded = rows.new_zeros((max(sizes), *rows.shape[1:]), device=device)
     padded[: len(rows)] = rows.to(device)
     numbers = torch.full((max(sizes),), -1, dtype=torch.long, device=device)

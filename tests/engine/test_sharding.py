@@ -76,7 +76,7 @@ def test_a_sharded_checkpoint_is_written_by_every_rank_and_verifies(dit_runs):
     torn = dit_runs / "torn"
     shutil.copytree(checkpoint, torn)
     (torn / "shards" / "shard-00002-model-00001-of-00001.safetensors").unlink()  # one rank's pieces
-    with pytest.raises(CheckpointReadError, match="do not make up"):
+    with pytest.raises(CheckpointReadError, match="2 processes wrote it: a rank's shard file is missing"):
         verify_checkpoint(torn)
 
 
@@ -136,3 +136,14 @@ def test_sampling_a_sharded_run_on_one_process_equals_the_ddp_run(dit_runs, tmp_
         assert done.returncode == 0, done.stderr[-2000:]
         outputs[sharding] = out.read_bytes()
     assert outputs["fsdp"] == outputs["none"]
+
+
+def test_a_video_generator_with_a_token_critic_trains_previews_and_evaluates_sharded(tmp_path):
+    """Two phases (generator, token critic), previews and in-training evaluation (judge and direction, whose
+    samples split unevenly over the ranks) under fsdp on 2 processes."""
+    _train(tmp_path, "phenaki-debug", "fsdp", 4, 2, "--set", "model.critic.depth=1", "--set", "eval.every=4",
+           "--set", "train.checkpoint_every=2", "--set", "train.sample_every=2")
+    results = json.loads((tmp_path / "eval" / "4.json").read_text())
+    assert {"judge_accuracy", "direction_accuracy"} <= results.keys(), results
+    assert (tmp_path / "samples" / "step-000004.gif").exists()
+    assert sorted(p.stem for p in (tmp_path / "checkpoints" / "step-000004" / "optim").iterdir()) == ["critic", "main"]

@@ -18,6 +18,8 @@ class ClipConfig(FamilyConfig):
     family: Literal["clip"] = "clip"
     default_metrics: ClassVar[tuple[str, ...]] = ("zero_shot", "retrieval")
     roles: ClassVar[tuple[str, ...]] = ("embedder",)
+    no_sharding: ClassVar[str] = ("trains a scalar parameter (the logit scale, CLIP §2.5), which FSDP2 cannot shard; "
+                                  "genforge's CLIP models fit one GPU")
     width: int = Field(128, gt=0, description="image tower: transformer width")
     depth: int = Field(4, gt=0, description="image tower: transformer blocks")
     num_heads: int = Field(4, gt=0)

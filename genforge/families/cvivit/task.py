@@ -13,14 +13,15 @@ from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.cvivit.config import CViViTConfig
 from genforge.families.cvivit.model import CViViT
 from genforge.nn.attention import PreNormBlock
-from genforge.nn.discriminator import PatchDiscriminator
 from genforge.tokenizers.task import TokenizerTask
 
 
 class CViViTTask(TokenizerTask):
     """Trains a CViViT; its codec's ids [B, t, h, w] are what Phenaki models."""
 
-    shard_block_types = (PreNormBlock, PatchDiscriminator)
+    # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
+    # penalty's double backward (create_graph) needs the discriminator's weights after that
+    shard_block_types = (PreNormBlock,)
 
     def __init__(self, cfg: CViViTConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

@@ -9,14 +9,15 @@ from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
 from genforge.families.klvae.config import KLVAEConfig
 from genforge.families.klvae.model import KLAutoencoder, build_autoencoder_kl
-from genforge.nn.discriminator import PatchDiscriminator
 from genforge.tokenizers.task import TokenizerTask
 
 
 class KLVAETask(TokenizerTask):
     """Trains a KLAutoencoder; its codec's latents are what a latent DiT models."""
 
-    shard_block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D, PatchDiscriminator)
+    # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
+    # penalty's double backward (create_graph) needs the discriminator's weights after that
+    shard_block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D)
 
     def __init__(self, cfg: KLVAEConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

@@ -11,14 +11,15 @@ from genforge.core.random import BatchRandom
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.vqgan.config import VQGANConfig
 from genforge.families.vqgan.model import VQAutoencoder
-from genforge.nn.discriminator import PatchDiscriminator
 from genforge.tokenizers.task import TokenizerTask
 
 
 class VQGANTask(TokenizerTask):
     """Trains a VQAutoencoder; its codec's token ids are what MaskGIT models."""
 
-    shard_block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D, PatchDiscriminator)
+    # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
+    # penalty's double backward (create_graph) needs the discriminator's weights after that
+    shard_block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D)
 
     def __init__(self, cfg: VQGANConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)
