@@ -19,7 +19,7 @@ from eval.eval_standins import TinyFeatures
 from genforge.app.config import load_config
 from genforge.app.runs import load_run, make_trainer
 from genforge.cli import app
-from genforge.engine.checkpoint import CheckpointReadError, verify_checkpoint
+from genforge.engine.checkpoint import CheckpointReadError, read_weights, verify_checkpoint
 from genforge.eval import metrics as metrics_module
 
 OVERRIDES = ["train.steps=6", "train.checkpoint_every=2", "train.log_every=1", "train.sample_every=0", "eval.every=0",
@@ -88,6 +88,22 @@ def test_resume_falls_back_to_the_previous_checkpoint(kind, runs, tmp_path, caps
     assert (ckpts / "latest").read_text().strip() == "step-000006"
     straight = _weights(runs[0])
     resumed = _weights(run)
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_a_torn_shard_of_a_sharded_checkpoint_falls_back_too(runs, tmp_path, capsys):
+    """train.sharding=fsdp on one process writes sharded checkpoints (shards/ and DCP's safetensors): a torn shard
+    file moves that checkpoint aside, and the run resumes from the previous one to the same weights as the plain
+    straight run (one process shards nothing)."""
+    sharded = [*OVERRIDES, "train.sharding=fsdp"]
+    make_trainer(load_config("dit-debug", sharded), tmp_path).fit(stop_at=4)
+    shard = next((tmp_path / "checkpoints" / "step-000004" / "shards").glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:1000])
+    make_trainer(load_config("dit-debug", sharded), tmp_path).fit()
+    err = capsys.readouterr().err
+    assert (tmp_path / "checkpoints" / "damaged-step-000004").is_dir() and shard.name in err
+    resumed = read_weights(tmp_path / "checkpoints" / "step-000006", "model")
+    straight = _weights(runs[0])
     assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 

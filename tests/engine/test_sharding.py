@@ -147,3 +147,16 @@ def test_a_video_generator_with_a_token_critic_trains_previews_and_evaluates_sha
     assert {"judge_accuracy", "direction_accuracy"} <= results.keys(), results
     assert (tmp_path / "samples" / "step-000004.gif").exists()
     assert sorted(p.stem for p in (tmp_path / "checkpoints" / "step-000004" / "optim").iterdir()) == ["critic", "main"]
+
+
+def test_gradient_accumulation_and_bf16_under_fsdp(tmp_path):
+    """Micro-batches reduce their gradients once per step (FSDP2's requires_gradient_sync off for all but the
+    last), as DDP's no_sync does; bf16 gathers and computes in bf16 and keeps fp32 master weights."""
+    for sharding in ("fsdp", "none"):
+        _train(tmp_path / sharding, "dit-debug", sharding, 6, 2, "--set", "train.grad_accum=2")
+    assert max(_relative_gap(_losses(tmp_path / "fsdp"), _losses(tmp_path / "none"))) < 1e-5
+    _train(tmp_path / "bf16", "dit-debug", "fsdp", 4, 2, "--set", "train.precision=bf16")
+    losses = [r["loss"] for r in _losses(tmp_path / "bf16")]
+    assert len(losses) == 4 and all(0 < loss < 10 for loss in losses)
+    weights = read_weights(tmp_path / "bf16" / "checkpoints" / "step-000004", "model")
+    assert {t.dtype for t in weights.values()} == {torch.float32}
