@@ -13,7 +13,7 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -586,6 +586,16 @@ class Trainer:
             return nullcontext()
         return nullcontext() if sync else self.accelerator.no_sync(self.model)
 
+    @contextmanager
+    def _full_weights(self) -> Iterator[None]:
+        """The whole weights on every rank of a sharded task (sampling, evaluation); gathered in the training
+        precision (bf16 under train.precision=bf16), so the networks then run under autocast as in training."""
+        if not self.sharded:
+            yield
+            return
+        with full_weights(self.task), self.accelerator.autocast():
+            yield
+
     # -------------------------------------------------------------------------------------- cadences
     def _due(self, every: int) -> bool:
         return (every > 0 and self.step % every == 0) or self.step == self.run.train.steps
@@ -604,11 +614,11 @@ class Trainer:
         online = None
         if self.task.preview_online:
             gen = torch.Generator(device=device).manual_seed(seed)
-            with full_weights(self.task):
+            with self._full_weights():
                 online = self.task.sample(self.task.sample_conditions(n, gen), gen, n)
         gen = torch.Generator(device=device).manual_seed(seed)
         path = None
-        with self.ema.swapped_in(), full_weights(self.task):
+        with self.ema.swapped_in(), self._full_weights():
             cond = self.task.sample_conditions(n, gen)
             images = self.task.sample(cond, gen, n)
             if online is not None:
@@ -650,7 +660,7 @@ class Trainer:
         results, the others get an empty dict."""
         self.task.eval()
         results: dict[str, Any] = {}
-        with self.ema.swapped_in(), full_weights(self.task):
+        with self.ema.swapped_in(), self._full_weights():
             if self.run.eval.metrics != []:
                 results = evaluate_task(self.task, self.run.data, self.run.eval, self.run.eval.metrics,
                                         self.run.eval.n, seed=self.run.train.seed, device=self.accelerator.device)

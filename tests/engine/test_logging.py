@@ -1,4 +1,6 @@
+import errno
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,3 +65,12 @@ def test_image_grid_pads_and_maps_minus_one_one_to_uint8():
     grid = image_grid(torch.stack([-torch.ones(3, 4, 4), torch.ones(3, 4, 4)]), nrow=2, pad=2)
     assert grid.dtype == np.uint8 and grid.shape == (4 + 2 * 2, 2 * 4 + 3 * 2, 3)
     assert grid[2, 2].tolist() == [0, 0, 0] and grid[2, 2 + 4 + 2].tolist() == [255, 255, 255]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (writes to it fail with ENOSPC)")
+def test_a_full_disk_while_logging_names_metrics_jsonl(tmp_path):
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    logger = RunLogger(tmp_path, LogConfig(tensorboard=False, progress=False))
+    with pytest.raises(OSError, match="metrics.jsonl") as full:
+        logger.scalars(1, {"loss": 1.0})
+    assert full.value.errno == errno.ENOSPC
