@@ -73,9 +73,11 @@ def test_encode_refuses_a_folder_that_is_not_a_run(tmp_path):
 
 
 def test_klvae_encode_dit_sample(tmp_path):
-    """The real pipeline: KL-VAE on shapes -> encode -> DiT on the cached latents -> decoded samples."""
+    """The real pipeline: KL-VAE on shapes -> encode -> DiT on the cached latents -> decoded samples. The KL-VAE
+    trains with train.sharding=fsdp (on one process: a sharded checkpoint, read back whole by encode and the DiT)."""
     vae, cache, dit = tmp_path / "vae", tmp_path / "cache", tmp_path / "dit"
-    assert runner.invoke(app, ["train", "klvae-debug", "--run-dir", str(vae)]).exit_code == 0
+    out = runner.invoke(app, ["train", "klvae-debug", "--run-dir", str(vae), "--set", "train.sharding=fsdp"])
+    assert out.exit_code == 0 and (vae / "checkpoints" / "step-000006" / "shards").is_dir(), out.output
     out = runner.invoke(app, ["encode", str(vae), "--out", str(cache), "--set", "data.shapes.n=32"])
     assert out.exit_code == 0, out.output
     size = json.loads((cache / "cache.json").read_text())["preprocessing"]["image_size"]

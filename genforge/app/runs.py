@@ -62,7 +62,10 @@ def build_task(cfg: RunConfig, info: DataInfo | None = None, device: torch.devic
         codecs = {field: load_input_codec(run.path, field, run.kind, cfg.model.family, info, cfg.data.path)
                   for field, run in cfg.model.input_runs().items()}
         ctx = BuildContext(cfg.data, info, codecs, heldout=HeldOutData(cfg.data), pixel_data=image_data(cfg.data))
-        return FAMILIES.get(cfg.model.family).builder()(cfg.model, ctx)
+        task = FAMILIES.get(cfg.model.family).builder()(cfg.model, ctx)
+    if cfg.model.grad_checkpointing:
+        task.checkpoint_activations()
+    return task
 
 
 def missing_inputs(cfg: RunConfig) -> list[str]:

@@ -348,6 +348,9 @@ class FamilyConfig(StrictModel):
     the roles it requires are among the family's (genforge.eval.metrics)."""
 
     family: str
+    grad_checkpointing: bool = Field(False, description="recompute each block's activations in backward instead of "
+                                                        "keeping them: less memory, one more forward per step")
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"grad_checkpointing"})
     default_metrics: ClassVar[tuple[str, ...]] = ()
     roles: ClassVar[tuple[str, ...]] = ("generator",)  # tokenizers: ("tokenizer",), discrete ones + "discrete"
     sample_options: ClassVar[type[SampleOptions]] = SampleOptions  # its own `genforge sample` options

@@ -7,10 +7,12 @@ with its own optimizer.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Protocol, TypedDict
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 
 class Batch(TypedDict, total=False):
@@ -46,7 +48,9 @@ class Task(nn.Module):
     """Base class of every family's task: a loss per phase, a sampler, and its own schedule state."""
 
     phases: tuple[str, ...] = ("main",)
-    shard_block_types: tuple[type[nn.Module], ...] = ()  # the block classes train.sharding=fsdp shards one by one
+    # the classes of the blocks its networks stack: train.sharding=fsdp shards them one by one, and
+    # model.grad_checkpointing recomputes their activations in backward
+    block_types: tuple[type[nn.Module], ...] = ()
     makes_samples: bool = True  # False: nothing to preview or sample (an embedding model such as clip)
     preview_online: bool = False  # True: training previews also get sample() of the online weights, cond["online"]
 
@@ -82,20 +86,27 @@ class Task(nn.Module):
         """The sampler settings `sample(**opts)` resolves to (recorded with evaluation results)."""
         return dict(opts)
 
-    def shard_units(self) -> list[nn.Module]:
-        """The blocks `train.sharding=fsdp` shards one by one, each one's weights gathered only while it runs: the
-        outermost trained submodules of a class in `shard_block_types` (a transformer's layers, a U-Net's residual
-        and attention blocks, a tokenizer's stages). Without any, the task is one unit (correct, but every rank then
-        gathers all its weights at once)."""
+    def trained_blocks(self) -> list[nn.Module]:
+        """The outermost trained submodules of a class in `block_types` (a transformer's layers, a U-Net's residual
+        and attention blocks, a tokenizer's stages): the units `train.sharding=fsdp` shards one by one (each one's
+        weights gathered only while it runs; without any, the task is one unit) and whose activations
+        `model.grad_checkpointing` recomputes."""
         units: list[nn.Module] = []
         inside: set[int] = set()
         for module in self.modules():
             if id(module) in inside:
                 continue
-            if isinstance(module, self.shard_block_types) and any(p.requires_grad for p in module.parameters()):
+            if isinstance(module, self.block_types) and any(p.requires_grad for p in module.parameters()):
                 units.append(module)
                 inside.update(id(m) for m in module.modules())
         return units
+
+    def checkpoint_activations(self) -> None:
+        """Activation (gradient) checkpointing of every trained block (Chen et al. 2016): its forward keeps only its
+        inputs, and backward runs it again to get the rest (torch.utils.checkpoint, non-reentrant, RNG state
+        replayed, so losses and gradients are those of the plain run). Less activation memory, one more forward."""
+        for block in self.trained_blocks():
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
     def ema_module(self) -> nn.Module:
         """The sub-module whose weights are averaged and used for sampling (default: the whole task)."""

@@ -1,7 +1,7 @@
 """FSDP2 sharding of a task's trained networks (`train.sharding: fsdp`) and its sharded checkpoints.
 
 `shard_task` applies PyTorch's `fully_shard` (FSDP2, as torchtitan does) to each block the task names
-(`Task.shard_units`), then to the task itself with its frozen networks left out (`ignored_params`): a codec, a text
+(`Task.trained_blocks`), then to the task itself with its frozen networks left out (`ignored_params`): a codec, a text
 encoder or a feature network stays whole on every rank and has no optimizer state. Each rank then holds 1/N of
 every trained parameter, gradient, optimizer moment and EMA weight (DTensors); a block's weights are gathered for its
 forward and backward and freed after. Sampling and evaluation run on every rank inside `full_weights`.
@@ -40,11 +40,11 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def shard_task(task: Task, device: torch.device, precision: str) -> None:
-    """fully_shard every block of `task.shard_units()`, then the task (the root: the weights outside those blocks),
+    """fully_shard every block of `task.trained_blocks()`, then the task (the root: the weights outside those blocks),
     over all processes of the default group. Frozen parameters stay whole (not sharded, no optimizer state)."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = mixed_precision(precision)
-    for block in task.shard_units():
+    for block in task.trained_blocks():
         fully_shard(block, mesh=mesh, mp_policy=policy)
     frozen = {p for p in task.parameters() if not p.requires_grad}
     fully_shard(task, mesh=mesh, mp_policy=policy, ignored_params=frozen or None)

@@ -42,7 +42,7 @@ class MaskedTokenConfig(FamilyConfig):
     default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
     sample_options: ClassVar[type[SampleOptions]] = MaskedSampleOptions
     # decoding settings, and the phases trained (a critic added to a trained generator starts fresh)
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({
+    may_change_on_resume: ClassVar[frozenset[str]] = FamilyConfig.may_change_on_resume | frozenset({
         "sample_steps", "cfg_scale", "temperature", "choice_temperature", "sample_prompts", "train_phases"})
     may_add_on_resume: ClassVar[frozenset[str]] = frozenset({"critic"})
     tokens: TokenInputConfig

@@ -25,7 +25,7 @@ class MaskedTokenTask(Task):
     """Trains a `MaskTransformer` to predict masked token ids (cross-entropy on the masked positions only) and
     samples by iterative decoding, then decodes the ids to pixels with the tokenizer."""
 
-    shard_block_types = (MaskTransformerBlock,)
+    block_types = (MaskTransformerBlock,)
 
     def __init__(self, cfg: MaskedTokenConfig, ctx: BuildContext) -> None:
         super().__init__()

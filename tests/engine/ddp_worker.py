@@ -4,7 +4,7 @@ every rank saves its weights and buffers.
 GENFORGE_TEST_FAULT=kill|hang makes rank 1 die (SIGKILL) or hang at step 3, for the failure tests;
 GENFORGE_TEST_FAULT=diverge makes rank 1 nudge one weight at step 1 (the consistency check must name it);
 GENFORGE_TEST_FAULT=kill_in_shards makes rank 1 die (SIGKILL) while writing its shards of the checkpoint of step 4
-(train.sharding=fsdp).
+(train.sharding=fsdp); GENFORGE_TEST_FAULT=nan_once gives rank 1 a NaN loss the first time it meets steps 3 and 4.
 """
 
 import os
@@ -34,11 +34,17 @@ if fault == "kill_in_shards" and os.environ.get("RANK") == "1":
     trainer_module.save_shards = dying_save
 elif fault and os.environ.get("RANK") == "1":
     plain = DiffusionTask.loss
+    seen: set[int] = set()
 
     def faulty(self, batch, phase, step):
         if fault == "diverge" and step == 1:
             with torch.no_grad():
                 self.model.final_layer.linear.bias.add_(1e-3)
+        elif fault == "nan_once":
+            value, extra = plain(self, batch, phase, step)
+            first_time = step in (3, 4) and step not in seen
+            seen.add(step)
+            return (value * float("nan") if first_time else value), extra
         elif step == 3:
             if fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -68,7 +68,7 @@ class ClipTask(Task):
     decoder use. It makes no samples."""
 
     makes_samples = False
-    shard_block_types = (PreNormBlock,)
+    block_types = (PreNormBlock,)
 
     def __init__(self, cfg: ClipConfig, ctx: BuildContext) -> None:
         super().__init__()

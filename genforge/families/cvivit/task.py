@@ -21,7 +21,7 @@ class CViViTTask(TokenizerTask):
 
     # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
     # penalty's double backward (create_graph) needs the discriminator's weights after that
-    shard_block_types = (PreNormBlock,)
+    block_types = (PreNormBlock,)
 
     def __init__(self, cfg: CViViTConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

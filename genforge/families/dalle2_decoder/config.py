@@ -89,7 +89,8 @@ class Dalle2DecoderConfig(FamilyConfig):
     with its optimizer (`train.phases.unet2.lr`) and EMA; `train_unets` picks the ones this run trains."""
 
     family: Literal["dalle2_decoder"] = "dalle2_decoder"
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"train_unets"})  # the stages this run trains
+    # the stages this run trains
+    may_change_on_resume: ClassVar[frozenset[str]] = FamilyConfig.may_change_on_resume | frozenset({"train_unets"})
     default_metrics: ClassVar[tuple[str, ...]] = ("fid",)
     sample_options: ClassVar[type[SampleOptions]] = Dalle2SampleOptions
     stages: list[StageConfig] = Field(min_length=1)

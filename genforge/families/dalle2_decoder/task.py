@@ -38,7 +38,7 @@ def augmentation_process() -> GaussianDiffusion:
 class Dalle2DecoderTask(Task):
     """The cascade of `Dalle2DecoderConfig.stages`, trained stage by stage as phases."""
 
-    shard_block_types = (ResBlock, AttentionBlock)
+    block_types = (ResBlock, AttentionBlock)
 
     def __init__(self, cfg: Dalle2DecoderConfig, ctx: BuildContext) -> None:
         super().__init__()

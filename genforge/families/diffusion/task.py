@@ -22,7 +22,7 @@ class DiffusionTask(Task):
     """Trains the backbone with the objective's `training_losses` (DiT train.py's loop) and samples with the
     configured sampler."""
 
-    shard_block_types = (DiTBlock, ResBlock, AttentionBlock)
+    block_types = (DiTBlock, ResBlock, AttentionBlock)
 
     def __init__(self, cfg: DiffusionModelConfig, ctx: BuildContext) -> None:
         super().__init__()

@@ -50,7 +50,7 @@ def kl_to_uniform(logits: Tensor) -> Tensor:
 class DVAETask(TokenizerTask):
     """Trains a DiscreteVAE; its codec's token ids are what a token generator models."""
 
-    shard_block_types = (ResBlock,)
+    block_types = (ResBlock,)
 
     cfg: DVAEConfig
 

@@ -17,7 +17,7 @@ class KLVAETask(TokenizerTask):
 
     # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
     # penalty's double backward (create_graph) needs the discriminator's weights after that
-    shard_block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D)
+    block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D)
 
     def __init__(self, cfg: KLVAEConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

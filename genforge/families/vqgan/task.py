@@ -19,7 +19,7 @@ class VQGANTask(TokenizerTask):
 
     # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
     # penalty's double backward (create_graph) needs the discriminator's weights after that
-    shard_block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D)
+    block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D)
 
     def __init__(self, cfg: VQGANConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)
