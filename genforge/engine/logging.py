@@ -1,8 +1,12 @@
-"""Run logging: metrics.jsonl (always), TensorBoard (when installed), wandb (opt-in), sample previews."""
+"""Run logging: metrics.jsonl (always), TensorBoard (when installed), wandb (opt-in), sample previews, and what a
+person reads: a progress bar on a terminal, plain step lines through Python logging anywhere else (a log file, a
+cluster job), a closing summary."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -15,6 +19,38 @@ from torch import Tensor
 from genforge.core.config import LogConfig
 from genforge.core.task import Batch, Task
 from genforge.data.previews import preview_suffix, write_preview
+
+
+def console() -> logging.Logger:
+    """The `genforge` logger: plain lines on stderr ("genforge: ..."), unless the application configured
+    logging itself (a handler on it or on the root logger)."""
+    logger = logging.getLogger("genforge")
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("genforge: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    return logger
+
+
+def duration(seconds: float) -> str:
+    """h:mm:ss."""
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+class StepLines:
+    """One plain line per logged step when no progress bar is shown: step/total, loss, lr, samples/s and the
+    time left at the pace since this run started."""
+
+    def __init__(self, total: int, start_step: int) -> None:
+        self.total, self.start_step, self.start = total, start_step, time.perf_counter()
+
+    def line(self, step: int, values: dict[str, float]) -> str:
+        done = step - self.start_step
+        left = (time.perf_counter() - self.start) / max(done, 1) * (self.total - step)
+        losses = " ".join(f"{k} {v:.4g}" for k, v in values.items() if k == "loss" or k.endswith("/loss"))
+        return (f"step {step}/{self.total} {losses} lr {values.get('lr', 0.0):.3g} "
+                f"{values.get('samples_per_s', 0.0):.1f} samples/s ETA {duration(left)}")
 
 
 def write_samples(task: Task, cond: Batch, outputs: Tensor, path: Path) -> Path:

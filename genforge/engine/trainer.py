@@ -42,7 +42,7 @@ from genforge.engine.checkpoint import (SAFETENSORS_TO_TORCH, SHARDS, WRITE_ERRO
 from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
 from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
-from genforge.engine.logging import RunLogger, write_samples
+from genforge.engine.logging import RunLogger, StepLines, console, duration, write_samples
 from genforge.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, materialize_state
 from genforge.engine.preemption import Preempted, StopRequests
 from genforge.engine.sharding import full_weights, gradient_sync, load_shards, local, save_shards, shard_task, whole
@@ -183,6 +183,9 @@ class Trainer:
         self.rollbacks = 0
         self.nonfinite_in_a_row = 0
         self.last_eval: dict[str, Any] = {}
+        self.last_logged: dict[str, float] = {}  # for the closing summary
+        self.last_samples: Path | None = None
+        self.last_checkpoint: Path | None = None
         self.skips = SkipLog(self.run_dir / "skipped.jsonl")
         self._check_readable()
 
@@ -770,6 +773,7 @@ class Trainer:
             self.logger.event(self.step, "checkpoint_fallback", note)
         if changes and self.logger:
             self.logger.event(self.step, "config_change", "; ".join(map(str, changes)))
+        first_step, start = self.step, time.perf_counter()
         try:
             with StopRequests() as stop:
                 self._loop(stop, stop_at)
@@ -781,13 +785,38 @@ class Trainer:
         finally:
             if self.logger:
                 self.logger.close()
+        if acc.is_main_process:
+            console().info(self._summary(first_step, time.perf_counter() - start))
         acc.wait_for_everyone()
         return self.run_dir
 
+    def _summary(self, first_step: int, seconds: float) -> str:
+        """The closing line of a run: the steps trained and their wall time, the last losses, checkpoint, samples
+        and evaluation."""
+        total = self.run.train.steps
+        if self.step == first_step:
+            return f"nothing to train: {self.run_dir} is at step {self.step} of {total}"
+        parts = [f"trained steps {first_step + 1}-{self.step} of {total} in {duration(seconds)}"]
+        losses = {k: v for k, v in self.last_logged.items() if k == "loss" or k.endswith("/loss")}
+        if losses:
+            parts.append("last " + ", ".join(f"{k} {v:.4g}" for k, v in losses.items()))
+        if self.last_checkpoint is not None:
+            parts.append(f"checkpoint {self.last_checkpoint}")
+        if self.last_samples is not None:
+            parts.append(f"samples {self.last_samples}")
+        scores = {k: v for k, v in self.last_eval.items() if isinstance(v, float)}
+        if scores:
+            parts.append(f"evaluation at step {self.last_eval['step']}: "
+                         + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+        return "; ".join(parts)
+
     def _loop(self, stop: StopRequests, stop_at: int | None) -> None:
         acc, cfg, tc = self.accelerator, self.run, self.run.train
-        bar = tqdm(total=tc.steps, initial=self.step, disable=not (acc.is_main_process and cfg.log.progress),
-                   dynamic_ncols=True, desc=self.run_dir.name, file=sys.stderr)
+        # a bar on a terminal (log.progress); a plain line per logged step anywhere else (a log file, a cluster job)
+        show_bar = acc.is_main_process and cfg.log.progress and sys.stderr.isatty()
+        bar = tqdm(total=tc.steps, initial=self.step, disable=not show_bar, dynamic_ncols=True,
+                   desc=self.run_dir.name, file=sys.stderr)
+        lines = StepLines(tc.steps, self.step) if acc.is_main_process and not show_bar else None
         logs, last_time, last_step = StepLogs(), time.perf_counter(), self.step
         self.task.train()
         batches = self._batches()
@@ -813,18 +842,21 @@ class Trainer:
                 values["lr"] = self.schedulers[self.task.phases[0]].get_last_lr()[0]
                 values["skipped_samples"] = float(self.skips.bad)
                 last_time, last_step = now, self.step
+                self.last_logged = values
                 if self.logger:
                     self.logger.scalars(self.step, values)
                     bar.set_postfix({k: f"{v:.4g}" for k, v in values.items()
                                      if k in ("loss", "lr", "samples_per_s") or k.endswith("/loss")})
+                if lines:
+                    console().info(lines.line(self.step, values))
                 self._check_bad_data()
             if self._due(tc.sample_every):
-                self.sample_grid()
+                self.last_samples = self.sample_grid() or self.last_samples
             if cfg.eval.every and self._due(cfg.eval.every):
                 self.evaluate()
             signum = self._any_rank(stop.signum or 0)
             if self._due(tc.checkpoint_every) or signum:
-                checkpoint = self.save_checkpoint()
+                checkpoint = self.last_checkpoint = self.save_checkpoint()
                 if signum:
                     bar.close()
                     raise Preempted(signum, self.step, checkpoint)

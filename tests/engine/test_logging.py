@@ -1,5 +1,6 @@
 import errno
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -7,6 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
+from genforge.app.config import load_config
+from genforge.app.runs import make_trainer
 from genforge.core.config import LogConfig
 from genforge.data.previews import image_grid
 from genforge.data.video import write_video
@@ -74,3 +77,20 @@ def test_a_full_disk_while_logging_names_metrics_jsonl(tmp_path):
     with pytest.raises(OSError, match="metrics.jsonl") as full:
         logger.scalars(1, {"loss": 1.0})
     assert full.value.errno == errno.ENOSPC
+
+
+def test_without_a_terminal_each_logged_step_is_one_plain_line_and_the_run_ends_with_a_summary(tmp_path, capfd,
+                                                                                               caplog):
+    """stderr redirected (a log file, a cluster job): no progress bar, one line per train.log_every steps through
+    the `genforge` logger (on stderr unless the application configured logging, as pytest has), and a closing
+    summary (steps, wall time, last loss, checkpoint, samples)."""
+    overrides = ["train.steps=6", "train.log_every=2", "train.checkpoint_every=6", "train.sample_every=6",
+                 "log.progress=true"]
+    caplog.set_level(logging.INFO, logger="genforge")
+    make_trainer(load_config("dit-debug", overrides), tmp_path).fit()
+    assert "\r" not in capfd.readouterr().err  # no bar
+    lines = [m for m in caplog.messages if m.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["2/6", "4/6", "6/6"]
+    assert all(" loss " in line and " samples/s ETA " in line for line in lines)
+    summary = next(m for m in caplog.messages if m.startswith("trained steps 1-6 of 6 in "))
+    assert "last loss" in summary and "step-000006" in summary and "samples" in summary
