@@ -43,7 +43,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -q --durations=10 -m "not dist"
 
-# FSDP2 sharding on 2 CPU processes (torchrun, gloo): a few minutes more
+# the tests on several processes (torchrun, 2 CPU processes over gloo: DDP, fsdp sharding, evaluation): ~8 minutes
 test-dist: $(VENV)/.installed-dev
 	$(PY) -m pytest -q --durations=5 -m dist
 

@@ -181,7 +181,7 @@ def test_verify_checkpoint_reads_headers_only(runs, tmp_path):
         verify_checkpoint(ckpt)
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 def test_two_processes_agree_on_the_fallback(tmp_path):
     """A 2-rank checkpoint missing rank 1's RNG state is moved aside by rank 0 only; both ranks resume from the one
     before and end where a straight 2-process run ends."""

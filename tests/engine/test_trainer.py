@@ -73,7 +73,7 @@ def test_fresh_starts_a_new_run_directory(tmp_path):
     assert trainer.run_dir == tmp_path / "run-1"
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 def test_two_processes_match_one(tmp_path):
     """torchrun with 2 CPU processes (gloo): ranks agree, and equal 1 process with the same global batch."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
@@ -90,7 +90,7 @@ def test_two_processes_match_one(tmp_path):
         torch.testing.assert_close(one[k], r0[k], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 def test_two_processes_keep_every_buffer_identical(tmp_path):
     """klvae's running latent variance is a buffer updated from the data: with 2 processes it is all-reduced, so
     both ranks hold the same one (the trainer's consistency check after each checkpoint would stop the run)."""
@@ -105,7 +105,7 @@ def test_two_processes_keep_every_buffer_identical(tmp_path):
     assert r0["autoencoder.latent_var_updates"] == 4 and r0["autoencoder.latent_var"] != 1.0
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 def test_ranks_that_drift_apart_are_named_at_the_checkpoint(tmp_path):
     """Rank 1 nudges one weight at step 1: the checkpoint at step 2 is followed by a TrainingError naming it."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]), GENFORGE_TEST_FAULT="diverge")
@@ -130,7 +130,7 @@ def test_evaluation_during_training(tmp_path, monkeypatch):
     assert [r["step"] for r in logged] == [3]
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 @pytest.mark.parametrize("fault", ["kill", "hang"])
 def test_a_dead_or_hung_rank_ends_the_run(tmp_path, fault):
     """Rank 1 dies (SIGKILL) or hangs at step 3: the run exits non-zero within 60 s, naming the rank."""
@@ -145,7 +145,7 @@ def test_a_dead_or_hung_rank_ends_the_run(tmp_path, fault):
         assert "rank 0: a collective operation failed" in done.stderr, done.stderr[-3000:]
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 def test_sigterm_to_torchrun_checkpoints_on_every_rank(tmp_path):
     """torchrun forwards SIGTERM: both ranks agree, finish the step, write one checkpoint and exit."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))

@@ -131,7 +131,7 @@ def test_inception_score_needs_a_logits_layer(cfg, tiny, tmp_path, monkeypatch):
     assert 1.0 <= results["is_mean"] and results["is_std"] >= 0 and "ref" not in results
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 def test_two_processes_give_the_same_scores_as_one(tmp_path):
     """torchrun, 2 CPU processes (gloo): samples and reference images split unevenly over the ranks, features
     gathered; FID/KID/PRDC equal those of 1 process on the same samples."""

@@ -61,7 +61,7 @@ def test_embeddings_are_unit_norm_and_the_logit_scale_is_capped():
         load_config("clip-debug", ["model.init_temperature=0.001"])
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 def test_two_processes_train_the_model_one_process_trains(tmp_path):
     """The loss is over the global batch gathered with gradients: 2 processes of 4 rows = 1 process of 8."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ENGINE_TESTS.parent), GENFORGE_TEST_PRESET="clip-debug")

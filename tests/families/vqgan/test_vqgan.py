@@ -220,7 +220,7 @@ def test_config_errors_name_the_field(overrides, needles):
     assert all(needle in str(err.value) for needle in needles), str(err.value)
 
 
-@pytest.mark.slow
+@pytest.mark.dist  # several processes: make test-dist
 def test_two_processes_match_one(tmp_path):
     """torchrun with 2 CPU processes (gloo): the codebook statistics and dead-code samples are gathered over
     ranks, so the codebook and weights equal a 1-process run on the same global batch (without the GAN,
