@@ -540,10 +540,12 @@ class Trainer:
             yield {k: v.to(self.accelerator.device, non_blocking=True) if isinstance(v, Tensor) else v
                    for k, v in batch.items()}
 
-    def train_step(self, batches: list[dict[str, Any]], logs: StepLogs) -> bool:
-        """One optimizer step of every phase; False when a phase was skipped as non-finite."""
+    def train_step(self, batches: list[dict[str, Any]], logs: StepLogs) -> Tensor:
+        """One optimizer step of every phase; returns whether each phase's loss and gradient norm were finite (a
+        bool tensor [phases], left on the device: a non-finite phase's update is skipped on the device by a fused
+        AdamW, see `_optimizer_step`). The schedulers step once the caller has read it (`_finish_step`)."""
         acc, tc = self.accelerator, self.run.train
-        all_finite = True
+        flags: list[Tensor] = []
         micro = tc.batch_size // (tc.grad_accum * acc.num_processes)
         for phase_index, phase in enumerate(self.task.phases):
             opt = self.optimizers[phase]
@@ -568,18 +570,50 @@ class Trainer:
             clip = self.phase_train[phase].grad_clip
             norm = whole(acc.clip_grad_norm_(params, clip if clip > 0 else float("inf")))
             # the norm is of the all-reduced gradients: every rank takes the same decision
-            finite = bool(torch.isfinite(total) and torch.isfinite(norm))
-            if finite or tc.precision == "fp16":  # fp16: the grad scaler skips and rescales by itself
-                opt.step()
-                if not acc.optimizer_step_was_skipped:
-                    self.schedulers[phase].step()
-            else:
-                all_finite = False
+            finite = torch.isfinite(total) & torch.isfinite(norm)
+            flags.append(self._optimizer_step(phase, finite))
             opt.zero_grad(set_to_none=True)
             name = "loss" if len(self.task.phases) == 1 else f"{phase}/loss"
             logs.add(name, total)
-            logs.add(name.replace("loss", "grad_norm"), norm if finite else torch.zeros_like(norm))
-        return all_finite
+            logs.add(name.replace("loss", "grad_norm"), torch.where(finite, norm, torch.zeros_like(norm)))
+        return torch.stack(flags)
+
+    def _optimizer_step(self, phase: str, finite: Tensor) -> Tensor:
+        """Step the phase's optimizer unless `finite` is false; returns whether the step counts. A fused AdamW skips
+        on the device (its `found_inf`: no weight, moment or step count changes), so no host sync is needed here;
+        any other optimizer needs the host to know. fp16: the grad scaler skips and rescales by itself, the step
+        counts, and the scheduler steps here when the scaler did not skip."""
+        opt = self.optimizers[phase]
+        inner = getattr(opt, "optimizer", opt)  # accelerate's wrapper
+        if self.run.train.precision == "fp16":
+            opt.step()
+            if not self.accelerator.optimizer_step_was_skipped:
+                self.schedulers[phase].step()
+            return torch.ones((), dtype=torch.bool, device=finite.device)
+        if inner.defaults.get("fused") and not self.sharded:
+            inner.found_inf = (~finite).float()
+            try:
+                opt.step()
+            finally:
+                inner.found_inf = None
+            return finite
+        if bool(finite):
+            opt.step()
+        return finite
+
+    def _finish_step(self, flags: Tensor, signum: int) -> tuple[bool, int]:
+        """The one host sync of a step: whether every phase was finite, and the largest pending signal of any rank
+        (a single all_reduce with several processes). The schedulers of the phases that stepped step."""
+        acc = self.accelerator
+        status = torch.cat([(~flags).to(torch.int64), torch.tensor([signum], device=flags.device)])
+        if acc.num_processes > 1:
+            status = status.to(acc.device)
+            torch.distributed.all_reduce(status, op=torch.distributed.ReduceOp.MAX)
+        *skipped, signum = status.tolist()
+        for phase, was_skipped in zip(self.task.phases, skipped):
+            if not was_skipped and self.run.train.precision != "fp16":  # fp16: stepped by _optimizer_step
+                self.schedulers[phase].step()
+        return not any(skipped), signum
 
     def _gradient_sync(self, sync: bool) -> Any:
         """A context in which backward reduces the gradients over processes only when `sync` (the last
@@ -821,7 +855,8 @@ class Trainer:
         self.task.train()
         batches = self._batches()
         while self.step < tc.steps:
-            finite = self.train_step([next(batches) for _ in range(tc.grad_accum)], logs)
+            flags = self.train_step([next(batches) for _ in range(tc.grad_accum)], logs)
+            finite, signum = self._finish_step(flags, stop.signum or 0)
             self.task.end_step(self.step)
             self.data_position += 1
             if not finite:
@@ -854,7 +889,6 @@ class Trainer:
                 self.last_samples = self.sample_grid() or self.last_samples
             if cfg.eval.every and self._due(cfg.eval.every):
                 self.evaluate()
-            signum = self._any_rank(stop.signum or 0)
             if self._due(tc.checkpoint_every) or signum:
                 checkpoint = self.last_checkpoint = self.save_checkpoint()
                 if signum:
