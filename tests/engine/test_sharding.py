@@ -164,13 +164,15 @@ def test_gradient_accumulation_and_bf16_under_fsdp(tmp_path):
 
 def test_a_nonfinite_step_on_one_rank_is_skipped_by_all_and_rolls_back(tmp_path):
     """Rank 1's loss is NaN at steps 3 and 4 (once): the sharded gradient norm is NaN on every rank, so every rank
-    skips; after train.max_nonfinite_skips=2 all ranks roll back to step-000002 together and finish, and the
-    consistency check after each checkpoint finds the replicated state equal."""
+    skips; after train.max_nonfinite_skips=2 all ranks roll back together to the last checkpoint (step-000004,
+    written after the skipped step 3) and finish, and the consistency check after each checkpoint finds the
+    replicated state equal."""
     settings = ["train.sharding=fsdp", "train.steps=6", "train.checkpoint_every=2", "train.sample_every=0",
                 "train.log_every=1", "train.max_nonfinite_skips=2", "train.on_nonfinite=rollback"]
     (tmp_path / "out").mkdir()
     done = _torchrun(2, str(HERE / "ddp_worker.py"), str(tmp_path / "run"), str(tmp_path / "out"), *settings,
                      env={"GENFORGE_TEST_FAULT": "nan_once"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "non-finite loss or gradient, step skipped" in done.stderr and "rolled back to step-000002" in done.stderr
+    assert "step 3: non-finite loss or gradient, step skipped" in done.stderr
+    assert "rolled back to step-000004" in done.stderr
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000006"
