@@ -28,6 +28,11 @@ def file_sha256(path: Path) -> str:
     return _HASHES[key]
 
 
+def files_sha256(paths: list[Path]) -> str:
+    """One sha256 over several files: their names and contents' sha256, in the order given."""
+    return hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in paths).encode()).hexdigest()
+
+
 def fsync_tree(root: Path) -> None:
     """fsync every file and folder under `root` (before renaming it into place)."""
     for path in sorted(root.rglob("*")):

@@ -23,7 +23,6 @@ newest one that passes, so a damaged newest checkpoint falls back to the one bef
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -38,7 +37,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from genforge.core.files import TMP_PREFIX, file_sha256, fsync_dir, fsync_tree, write_atomically
+from genforge.core.files import TMP_PREFIX, file_sha256, files_sha256, fsync_dir, fsync_tree, write_atomically
 from genforge.engine.sharding import load_shards
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -514,7 +513,4 @@ def weights_hash(path: Path) -> str:
     """A content hash of a checkpoint's EMA weights (what a frozen codec taken from it is), either layout."""
     if not (path / SHARDS).is_dir():
         return file_sha256(path / "ema.safetensors")
-    digest = hashlib.sha256()
-    for shard in sorted((path / SHARDS).glob("*.safetensors")):
-        digest.update(f"{shard.name}:{file_sha256(shard)};".encode())
-    return digest.hexdigest()
+    return files_sha256(sorted((path / SHARDS).glob("*.safetensors")))

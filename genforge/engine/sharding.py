@@ -22,7 +22,7 @@ from typing import Iterator, Mapping
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -48,10 +48,6 @@ def shard_task(task: Task, device: torch.device, precision: str) -> None:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     frozen = {p for p in task.parameters() if not p.requires_grad}
     fully_shard(task, mesh=mesh, mp_policy=policy, ignored_params=frozen or None)
-
-
-def is_sharded(module: nn.Module) -> bool:
-    return isinstance(module, FSDPModule)
 
 
 def whole(tensor: Tensor) -> Tensor:

@@ -11,7 +11,6 @@ them outside its module tree (`attach_text_encoder`) so that their weights never
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from genforge.core.errors import ConfigError
-from genforge.core.files import file_sha256
+from genforge.core.files import files_sha256
 from genforge.text.base import TextEncoder, pad_rows, trim_rows
 from genforge.text.config import TextEncoderConfig
 from genforge.text.tiny import TinyTextEncoder
@@ -88,7 +87,7 @@ class PretrainedTextEncoder(TextEncoder):
         """kind, max_length and the sha256 of the checkpoint's weight, config and tokenizer files (hashed once)."""
         if self._fingerprint is None:
             files = sorted({p for pattern in CHECKPOINT_FILES for p in self.directory.glob(pattern) if p.is_file()})
-            digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
+            digest = files_sha256(files)
             self._fingerprint = f"{self.kind}:max_length={self.max_length}:sha256={digest}"
         return self._fingerprint
 
