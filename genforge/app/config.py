@@ -62,6 +62,9 @@ class RunConfig(StrictModel):
         if self.train.sharding == "fsdp" and self.model.no_sharding:
             raise ValueError(f"train.sharding=fsdp: model.family={self.model.family} {self.model.no_sharding}; train it "
                              "with train.sharding=none (DDP)")
+        if self.train.compile and self.model.no_compile:
+            raise ValueError(f"train.compile=true: model.family={self.model.family} {self.model.no_compile}; train it "
+                             "with train.compile=false")
         if self.eval.metrics is None:
             self.eval.metrics = list(self.model.default_metrics)
         try:

@@ -215,7 +215,7 @@ class TrainConfig(StrictModel):
         "steps", "lr", "weight_decay", "betas", "warmup_steps", "lr_schedule", "min_lr_ratio", "lr_decay_rate",
         "lr_decay_every", "grad_clip", "grad_accum", "precision", "ema_decay", "log_every", "sample_every",
         "num_samples", "checkpoint_every", "keep_last", "keep_best", "keep_best_mode", "max_nonfinite_skips",
-        "on_nonfinite", "max_rollbacks", "dist_timeout_s", "check_consistency", "phases"})
+        "on_nonfinite", "max_rollbacks", "dist_timeout_s", "check_consistency", "phases", "compile"})
 
     steps: int = Field(1000, gt=0, description="total optimizer steps")
     batch_size: int = Field(32, gt=0, description="global batch (all ranks x accumulation)")
@@ -239,6 +239,10 @@ class TrainConfig(StrictModel):
     sharding: Literal["none", "fsdp"] = Field(
         "none", description="none: every process holds all weights (DDP); fsdp: the trained weights, gradients, "
                             "optimizer state and EMA are split over the processes (FSDP2, docs/scaling.md)")
+    compile: bool = Field(
+        False, description="torch.compile (inductor) each trained block of the network: fused kernels, faster steps "
+                           "on GPUs, a first step that compiles (about a minute per block kind on a CPU); "
+                           "docs/performance.md")
     seed: int = Field(0, ge=0)
     ema_decay: float = Field(0.9999, ge=0.0, lt=1.0)
     ema_warmup: bool = Field(True, description="decay ramps as min(decay, (1+n)/(10+n))")
@@ -355,6 +359,7 @@ class FamilyConfig(StrictModel):
     roles: ClassVar[tuple[str, ...]] = ("generator",)  # tokenizers: ("tokenizer",), discrete ones + "discrete"
     sample_options: ClassVar[type[SampleOptions]] = SampleOptions  # its own `genforge sample` options
     no_sharding: ClassVar[str] = ""  # why train.sharding=fsdp cannot shard this family's model (empty: it can)
+    no_compile: ClassVar[str] = ""  # why train.compile cannot compile this family's blocks (empty: it can)
 
     def takes_prompts(self) -> bool:
         """Whether `genforge sample --prompt` applies (text-conditioned models)."""

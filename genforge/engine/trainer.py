@@ -166,6 +166,8 @@ class Trainer:
         self.sharded_checkpoints = tc.sharding == "fsdp"
         if self.sharded:
             shard_task(self.task, acc.device, tc.precision)
+        if tc.compile:  # after sharding: FSDP2's hooks stay around the compiled forwards
+            self.task.compile_blocks()
         self.phase_train = {p: tc.for_phase(p) for p in self.task.phases}  # train.phases.<p> applied
         self.optimizers = {p: build_optimizer(self.task.parameters_for(p), self.phase_train[p], acc.device)
                            for p in self.task.phases}
