@@ -5,9 +5,10 @@ Training rows: genforge's real Trainer step (benchmarks/common.py: loader, forwa
 non-finite guard, fused AdamW, EMA) in bf16, eager and with `--compile` compiled (train.compile=true), for each
 DiT on 256 tokens (patch 2 over 32x32 inputs, as 256-px images' SD-VAE latents: genforge reads 3x32x32 shapes
 through its loader, the reference random 4x32x32 latents), 1000 classes, the paper's diffusion. Columns: median
-ms/step and images/s after the warm-up; MFU = images/s x FLOPs per training image (counted by FlopCounterMode) /
-the peak dense bf16 FLOP/s of the GPU (`--peak-tflops`, default from a table by GPU name; on a CPU the measured
-matmul rate in the step's precision); peak memory (torch.cuda.max_memory_allocated; n/a on a CPU); loader stall
+ms/step and images/s after the warm-up; MFU = images/s x FLOPs per training image (counted by FlopCounterMode on
+genforge's model; the reference's rows use the same count) / the peak dense bf16 FLOP/s of the GPU
+(`--peak-tflops`, default from a table by GPU name; on a CPU the measured matmul rate in the step's precision);
+peak memory (torch.cuda.max_memory_allocated; n/a on a CPU); loader stall
 (share of the step spent waiting for the next batch); compile time (warm-up steps minus as many eager steps).
 facebookresearch/DiT's step (`--reference DIR`, a checkout) runs in the same process at the same batch under bf16
 autocast.
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from common import (ModelSpec, StepTimes, bench_trainer, compile_overrides, device_type, dit, matmul_gflops,
+from common import (ModelSpec, StepTimes, bench_trainer, bf16_native, compile_overrides, device_type, dit, matmul_gflops,
                     peak_memory_gib, reset_peak_memory, sampling_seconds, time_reference, time_trainer,
                     train_flops_per_image)
 from genforge.app.config import load_config
@@ -59,7 +60,7 @@ def peak_tflops(device: str, precision: str, given: float | None) -> tuple[float
         return given, "--peak-tflops"
     if device == "cpu":
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        size = 1024 if precision == "fp32" or torch.ops.mkldnn._is_mkldnn_bf16_supported() else 512
+        size = 1024 if precision == "fp32" or bf16_native(device) else 512  # emulated bf16: ~100x slower
         return matmul_gflops(dtype, device, size) / 1e3, f"measured {precision} matmul rate of this CPU"
     name = torch.cuda.get_device_name()
     for parts, tflops in PEAK_BF16_TFLOPS:
@@ -141,6 +142,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.tiny:
         args.batch, args.steps, args.warmup, args.workers, args.maskgit_repeats = 4, 2, 1, 0, 1
+    if args.compile and args.warmup < 1:
+        parser.error("--compile needs --warmup 1 or more (the compiling steps)")
     compile_overrides(args.compile)  # before any work: is there a train.compile to time?
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -68,7 +68,7 @@ def bench(spec: ModelSpec, precision: str, batch: int, args: argparse.Namespace,
             host_sync_per_phase(trainer)
             synced = time_trainer(trainer, args.steps, args.warmup)
         report("genforge eager + host sync", synced, flops,
-               f"; without it {eager.images_per_s / synced.images_per_s:.3f}x as fast")
+               f"; the step as is: {eager.images_per_s / synced.images_per_s:.3f}x as fast")
     if args.reference and spec.reference:
         ref = time_reference(args.reference.expanduser(), spec, batch, precision, args.steps, args.warmup, device)
         ratios = f"; genforge eager / reference {eager.images_per_s / ref.images_per_s:.2f}x"
@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="tiny models (checks that the script runs)")
     args = parser.parse_args()
+    if args.compile and args.warmup < 1:
+        parser.error("--compile needs --warmup 1 or more (the compiling steps)")
     compile_overrides(args.compile)  # before any work: is there a train.compile to time?
     torch.set_num_threads(args.threads)
     device = device_type()
