@@ -22,6 +22,8 @@ from genforge.app.config import load_config
 from genforge.core.random import BatchRandom
 from genforge.app.runs import build_task, load_run
 
+from common import sampling_seconds
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,17 +46,11 @@ def main() -> None:
         cfg = load_config(args.preset, args.overrides)
         task = build_task(cfg)
     task.eval()
-    cond = task.sample_conditions(args.batch, torch.Generator().manual_seed(0))
-    times = []
-    for i in range(args.repeats + 1):
-        t0 = time.perf_counter()
-        task.sample(cond, torch.Generator().manual_seed(i), args.batch, steps=args.steps, cfg_scale=args.cfg_scale)
-        times.append(time.perf_counter() - t0)
-    sample_s = statistics.median(times[1:])
+    sample_s, first_s = sampling_seconds(task, args.batch, args.repeats, steps=args.steps, cfg_scale=args.cfg_scale)
     dims = f"depth {cfg.model.depth}, width {cfg.model.width}, {task.grid}x{task.grid} tokens"
     print(f"sampling ({dims}; {args.steps} steps, cfg {args.cfg_scale}, batch {args.batch}, "
           f"{args.threads} threads): {sample_s * 1000:.0f} ms/batch, {args.batch / sample_s:.1f} images/s "
-          f"(first call {times[0] * 1000:.0f} ms)")
+          f"(first call {first_s * 1000:.0f} ms)")
     if args.train_steps:
         train_step_time(task, cfg, args.train_steps)
 

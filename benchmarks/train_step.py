@@ -1,242 +1,116 @@
-"""DiT-S/2 training-step throughput on 4x32x32 latents (what 256-px images become through the SD VAE).
+"""The real Trainer's step, eager and compiled, fp32 and bf16, for DiT-S/2 and the default U-Net, beside
+facebookresearch/DiT's step.
 
-A step = IDDPM loss (hybrid, learned sigma) forward + backward + fused AdamW step + EMA update, as the
-trainer does it. Prints ms/step and images/s, median of --steps steps after --warmup, for each batch size
-and precision. The foundation issue quotes facebookresearch/DiT at about 6 images/s (fp32) and 12 images/s
-(bf16 autocast) at batch 32; measured beside genforge on the 2-core CPU machine with `--reference`, it runs at
-2.5 images/s fp32, as genforge does: both at the CPU's matmul rate (docs/diffusion.md).
+What is timed is one iteration of `Trainer._loop` on a trainer built from the preset (benchmarks/common.py): the
+next global batch from the trainer's own data loader, forward + backward, gradient clipping, the non-finite guard,
+the fused AdamW step, the step's one host read, `end_step`, the EMA update. Printed: median ms/step and images/s
+after `--warmup` steps, GFLOP/s (FLOPs of a training image counted by torch's FlopCounterMode), and the share of the
+step spent waiting for the loader.
 
-`--reference DIR` also times facebookresearch/DiT itself, from a checkout at DIR (`git clone
-https://github.com/facebookresearch/DiT`), in the same run: its `models.py` DiT-S/2 and its `diffusion`
-package (`create_diffusion(timestep_respacing="")`, learned sigma, linear schedule), with AdamW and the
-per-parameter EMA loop of its `train.py`. Its `models.py` imports three layers from timm, which needs
-torchvision (never installed here), so `ReferenceTimmLayers` stands in for them: the same modules,
-parameters and maths (timm's fused SDPA attention).
+Models (`--models`):
+  dit-s2  DiT-S/2 with the paper's diffusion (ε-prediction, linear schedule, learned sigma, hybrid loss) and 1000
+          classes on the dit-shapes data at 32 px: 3x32x32 pixels, which with patch 2 are the same 256 tokens as
+          the 4x32x32 SD-VAE latents of 256-px images (the input and output layers see 3 channels instead of 4,
+          under 0.1 % of the FLOPs). genforge's latent path needs a trained tokenizer to write a cache; the
+          transformer's work is the same.
+  unet    the default preset's model (unet-shapes: ADM U-Net, rectified flow, 32-px shapes), as `make demo`
+          trains it.
 
-    python benchmarks/train_step.py [--threads 2] [--batch 8 32] [--precision fp32 bf16] [--compile]
-                                    [--reference ~/src/DiT]
+`--compile` adds the compiled step: the same trainer with `--set train.compile=true`; its compile time is the wall
+time of its warm-up steps minus as many eager steps. `--host-sync` adds the eager step with one extra host read per
+phase (`bool(finite)` before the optimizer step, as the guard did before its flags stayed on the device) and prints
+the ratio. `--reference DIR` times facebookresearch/DiT's DiT-S/2 step from a checkout at DIR (`git clone
+https://github.com/facebookresearch/DiT`) in the same run, with the ratios genforge / reference (images/s). bf16
+runs by default only where the CPU or GPU has native bf16 (its matmul rate is printed either way).
+
+    python benchmarks/train_step.py [--models dit-s2 unet] [--precision fp32 bf16] [--batch 8 32] [--steps 10]
+                                    [--warmup 3] [--compile] [--host-sync] [--reference ~/src/DiT] [--threads 2]
+    python benchmarks/train_step.py --tiny --steps 2 --warmup 1   # tiny models: checks that the script runs
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import functools
-import importlib
-import statistics
-import sys
-import time
-import types
 from pathlib import Path
-from typing import Callable
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 
-from genforge.app.runs import build_task
-from genforge.app.config import load_config
-from genforge.data.loader import DataInfo
-from genforge.engine.ema import EMA
-from genforge.core.random import BatchRandom
+from common import (ModelSpec, StepTimes, bench_trainer, bf16_native, compile_overrides, device_type, dit,
+                    host_sync_per_phase, matmul_gflops, time_reference, time_trainer, train_flops_per_image, unet)
+
+MODELS = {"dit-s2": dit("S/2"), "unet": unet()}
+TINY = {"dit-s2": dit("S/2", image_size=16, depth=2, hidden_size=64, num_heads=2), "unet": unet(dim=8)}
 
 
-# The paper's DiT-S/2 and its diffusion (ε-prediction, linear schedule, learned sigma with the hybrid loss), on
-# 4x32x32 latents with 1000 classes, whatever the dit-shapes preset's own settings are.
-DIT_S2 = ["model.size=S/2", "model.depth=null", "model.hidden_size=null", "model.num_heads=null",
-          "model.patch_size=null", "model.mlp_ratio=4", "model.num_classes=1000", "data.image_size=32",
-          "model.diffusion.prediction=eps", "model.diffusion.noise_schedule=linear",
-          "model.diffusion.learn_sigma=true"]
+def report(name: str, times: StepTimes, flops: float, extra: str = "") -> None:
+    """One row: ms/step, images/s, GFLOP/s, loader stall share, and `extra`."""
+    stall = "" if times.stall_share is None else f", loader {times.stall_share:.1%}"
+    print(f"  {name:<26} {times.median_s * 1000:9.1f} ms/step {times.images_per_s:8.1f} images/s "
+          f"({times.images_per_s * flops / 1e9:.1f} GFLOP/s{stall}){extra}", flush=True)
 
 
-def median_step_time(step: Callable[[int], None], steps: int, warmup: int, device: str) -> float:
-    """Median wall time of `step(i)` over `steps` calls after `warmup` calls, in seconds."""
-    times = []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        step(i)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def autocast(device: str, precision: str) -> torch.autocast:
-    dtype = {"fp32": None, "bf16": torch.bfloat16}[precision]
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype, enabled=dtype is not None)
-
-
-def bench(batch: int, precision: str, steps: int, warmup: int, device: str, compile_model: bool) -> float:
-    """genforge: the DiT task's loss, fused AdamW and genforge's EMA, as the trainer runs them."""
-    cfg = load_config("dit-shapes", DIT_S2)
-    torch.manual_seed(0)
-    task = build_task(cfg, DataInfo(num_classes=1000, channels=4, image_size=32)).to(device)
-    opt = torch.optim.AdamW(task.parameters(), lr=1e-4, weight_decay=0, fused=True)
-    ema = EMA(task.model, 0.9999)
-    if compile_model:
-        task.model = torch.compile(task.model)
-    latent = torch.randn(batch, 4, 32, 32, device=device)
-    label = torch.randint(0, 1000, (batch,), device=device)
-
-    def step(i: int) -> None:
-        b = {"latent": latent, "label": label, "rng": BatchRandom(0, i, 0, batch, 0, batch, device)}
-        with autocast(device, precision):
-            loss, _ = task.loss(b, "main", i)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        ema.update(i)
-
-    return median_step_time(step, steps, warmup, device)
-
-
-class ReferenceTimmLayers:
-    """The three timm layers facebookresearch/DiT's models.py imports (timm.models.vision_transformer), with
-    timm's parameter names and maths, for timing the reference without installing timm (and torchvision)."""
-
-    class PatchEmbed(nn.Module):
-        """[B, C, H, W] -> [B, (H/p)(W/p), D] through a stride-p convolution."""
-
-        def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int, bias: bool = True):
-            super().__init__()
-            self.patch_size = (patch_size, patch_size)
-            self.num_patches = (img_size // patch_size) ** 2
-            self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size, bias=bias)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.proj(x).flatten(2).transpose(1, 2)
-
-    class Attention(nn.Module):
-        """Multi-head self-attention: one qkv projection, SDPA, output projection."""
-
-        def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, **_: object):
-            super().__init__()
-            self.num_heads = num_heads
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-            self.proj = nn.Linear(dim, dim)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, n, c = x.shape
-            q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
-            return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
-
-    class Mlp(nn.Module):
-        """fc1 -> activation -> fc2."""
-
-        def __init__(self, in_features: int, hidden_features: int, act_layer: Callable[[], nn.Module] = nn.GELU,
-                     drop: float = 0.0):
-            super().__init__()
-            self.fc1 = nn.Linear(in_features, hidden_features)
-            self.act = act_layer()
-            self.fc2 = nn.Linear(hidden_features, in_features)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc2(self.act(self.fc1(x)))
-
-
-@functools.cache
-def load_reference(repo: Path) -> tuple[types.ModuleType, types.ModuleType]:
-    """facebookresearch/DiT's `models` and `diffusion` modules from the checkout at `repo`."""
-    if not (repo / "models.py").is_file() or not (repo / "diffusion").is_dir():
-        sys.exit(f"--reference {repo}: not a facebookresearch/DiT checkout (no models.py and diffusion/)")
-    timm_vit = types.ModuleType("timm.models.vision_transformer")
-    for name in ("PatchEmbed", "Attention", "Mlp"):
-        setattr(timm_vit, name, getattr(ReferenceTimmLayers, name))
-    sys.modules.update({"timm": types.ModuleType("timm"), "timm.models": types.ModuleType("timm.models"),
-                        "timm.models.vision_transformer": timm_vit})
-    sys.path.insert(0, str(repo))
-    return importlib.import_module("models"), importlib.import_module("diffusion")
-
-
-def bench_reference(repo: Path, batch: int, precision: str, steps: int, warmup: int, device: str) -> float:
-    """facebookresearch/DiT: its DiT-S/2 and training loss, AdamW and per-parameter EMA, as its train.py runs
-    them (the VAE encode excluded, as genforge's latents are given too)."""
-    models, diffusion_pkg = load_reference(repo)
-    torch.manual_seed(0)
-    model = models.DiT_models["DiT-S/2"](input_size=32, num_classes=1000).to(device)
-    ema = copy.deepcopy(model).requires_grad_(False)
-    diffusion = diffusion_pkg.create_diffusion(timestep_respacing="")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0)
-    ema_params, params = dict(ema.named_parameters()), dict(model.named_parameters())
-    latent = torch.randn(batch, 4, 32, 32, device=device)
-    label = torch.randint(0, 1000, (batch,), device=device)
-
-    def step(i: int) -> None:
-        t = torch.randint(0, diffusion.num_timesteps, (batch,), device=device)
-        with autocast(device, precision):
-            loss = diffusion.training_losses(model, latent, t, dict(y=label))["loss"].mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        with torch.no_grad():
-            for name, param in params.items():
-                ema_params[name].mul_(0.9999).add_(param.data, alpha=1 - 0.9999)
-
-    return median_step_time(step, steps, warmup, device)
-
-
-def matmul_gflops(threads_note: str, dtype: torch.dtype = torch.float32, size: int = 1024, repeats: int = 5) -> float:
-    """The machine's practical ceiling: GFLOP/s of a size×size matmul in `dtype` (median of `repeats`). A CPU
-    without native bf16 (AVX-512-BF16 / AMX) runs bf16 matmuls far slower than fp32."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    gflops = 2 * size**3 / statistics.median(times) / 1e9
-    print(f"  {str(dtype).removeprefix('torch.')} matmul {size}x{size} ({threads_note}): {gflops:.1f} GFLOP/s")
-    return gflops
-
-
-def train_flops_per_image() -> float:
-    """Forward + backward FLOPs of one DiT-S/2 training image on 4x32x32 latents (256 tokens), ~3x the forward:
-    2 FLOPs per multiply-add of every per-token weight (the adaLN regressions act once per image), plus
-    attention's two N×N×D products per layer."""
-    cfg = load_config("dit-shapes", DIT_S2)
-    with torch.device("meta"):
-        task = build_task(cfg, DataInfo(num_classes=1000, channels=4, image_size=32))
-    model, tokens = task.model, 256
-    per_image = {id(p) for name, p in model.named_parameters() if "adaLN" in name or "embedder" in name}
-    per_token = sum(p.numel() for p in model.parameters() if id(p) not in per_image)
-    width, depth = model.blocks[0].attn.qkv.in_features, len(model.blocks)
-    forward = 2 * per_token * tokens + depth * 2 * 2 * tokens * tokens * width
-    return 3 * forward
+def bench(spec: ModelSpec, precision: str, batch: int, args: argparse.Namespace, device: str) -> None:
+    """The rows of one model at one precision and batch."""
+    flops = train_flops_per_image(spec, device)
+    workers = [] if args.workers is None else [f"data.num_workers={args.workers}"]
+    print(f"{spec.name}, {precision}, batch {batch} ({flops / 1e9:.3g} GFLOP per training image)")
+    with bench_trainer(spec, batch, precision, workers) as trainer:
+        eager = time_trainer(trainer, args.steps, args.warmup)
+    report("genforge eager", eager, flops)
+    compiled = None
+    if args.compile:
+        with bench_trainer(spec, batch, precision, [*workers, *compile_overrides(True)]) as trainer:
+            compiled = time_trainer(trainer, args.steps, args.warmup)
+        report("genforge compiled", compiled, flops, f"; {compiled.images_per_s / eager.images_per_s:.2f}x eager, "
+               f"compile {compiled.compile_s(eager.median_s):.1f} s")
+    if args.host_sync:
+        with bench_trainer(spec, batch, precision, workers) as trainer:
+            host_sync_per_phase(trainer)
+            synced = time_trainer(trainer, args.steps, args.warmup)
+        report("genforge eager + host sync", synced, flops,
+               f"; the step as is: {eager.images_per_s / synced.images_per_s:.3f}x as fast")
+    if args.reference and spec.reference:
+        ref = time_reference(args.reference.expanduser(), spec, batch, precision, args.steps, args.warmup, device)
+        ratios = f"; genforge eager / reference {eager.images_per_s / ref.images_per_s:.2f}x"
+        if compiled is not None:
+            ratios += f", genforge compiled / reference {compiled.images_per_s / ref.images_per_s:.2f}x"
+        report("facebookresearch/DiT", ref, flops, ratios)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--batch", type=int, nargs="+", default=[8, 32])
-    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--compile", action="store_true")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"],
+                        help="default: fp32, and bf16 where the device has native bf16")
+    parser.add_argument("--batch", type=int, nargs="+", default=[8])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (the median is printed)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (a compiled step compiles here)")
+    parser.add_argument("--compile", action="store_true", help="also the compiled step (train.compile=true)")
+    parser.add_argument("--host-sync", action="store_true", help="also the step with a host read per phase")
     parser.add_argument("--reference", type=Path, help="a facebookresearch/DiT checkout to time beside genforge")
+    parser.add_argument("--workers", type=int, help="data.num_workers (default: the preset's)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tiny", action="store_true", help="tiny models (checks that the script runs)")
     args = parser.parse_args()
+    if args.compile and args.warmup < 1:
+        parser.error("--compile needs --warmup 1 or more (the compiling steps)")
+    compile_overrides(args.compile)  # before any work: is there a train.compile to time?
     torch.set_num_threads(args.threads)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"DiT-S/2, 4x32x32 latents, {device}, {args.threads} threads, median of {args.steps} steps")
-    ceiling = matmul_gflops(f"{args.threads} threads") if device == "cpu" else None
-    if device == "cpu" and "bf16" in args.precision:
-        matmul_gflops(f"{args.threads} threads", torch.bfloat16)
-    flops = train_flops_per_image()
-    print(f"  one training image = {flops / 1e9:.1f} GFLOP (forward + backward)"
-          + (f": at most {ceiling * 1e9 / flops:.1f} images/s at the matmul rate" if ceiling else ""))
-    for precision in args.precision:
-        for batch in args.batch:
-            sec = bench(batch, precision, args.steps, args.warmup, device, args.compile)
-            report("genforge", precision, batch, sec, flops)
-            if args.reference:
-                ref = bench_reference(args.reference.expanduser(), batch, precision, args.steps, args.warmup, device)
-                report("reference", precision, batch, ref, flops, f", genforge {ref / sec:.2f}x as fast")
-
-
-def report(name: str, precision: str, batch: int, sec: float, flops: float, extra: str = "") -> None:
-    print(f"  {name:>9}  {precision:>4}  batch {batch:>3}: {sec * 1000:8.1f} ms/step  {batch / sec:7.1f} images/s  "
-          f"({batch / sec * flops / 1e9:.0f} GFLOP/s{extra})", flush=True)
+    device = device_type()
+    native = bf16_native(device)
+    precisions = args.precision or (["fp32", "bf16"] if native else ["fp32"])
+    where = torch.cuda.get_device_name() if device == "cuda" else f"cpu, {args.threads} threads"
+    print(f"genforge Trainer step ({where}; torch {torch.__version__}), median of {args.steps} steps after "
+          f"{args.warmup}")
+    print(f"  fp32 matmul 1024x1024: {matmul_gflops(torch.float32, device):.1f} GFLOP/s")
+    bf16_size = 1024 if native else 512  # emulated bf16 is ~100x slower: a smaller probe
+    print(f"  bf16 matmul {bf16_size}x{bf16_size}: {matmul_gflops(torch.bfloat16, device, bf16_size):.1f} GFLOP/s "
+          f"({'native' if native else 'not native here: bf16 steps run only when asked with --precision bf16'})")
+    models = TINY if args.tiny else MODELS
+    for name in args.models:
+        for precision in precisions:
+            for batch in args.batch:
+                bench(models[name], precision, batch, args, device)
 
 
 if __name__ == "__main__":
