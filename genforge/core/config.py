@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from genforge.core.codec import InputRun
 from genforge.core.errors import ConfigError
@@ -267,6 +267,12 @@ class TrainConfig(StrictModel):
     phases: dict[str, PhaseConfig] = Field(
         default_factory=dict, description="per-phase optimizer settings by phase name (the task's phases, e.g. "
                                           "train.phases.unet2.lr); unset fields take this section's")
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        """`precision: no` in YAML (and `--set train.precision=no`) reads as the boolean false (YAML 1.1)."""
+        return "no" if value is False else value
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":

@@ -135,3 +135,11 @@ def test_parse_overrides_nested():
     assert raw == {"a": {"b": 1, "c": {"d": [1, 2]}}, "e": "hello"}
     with pytest.raises(ConfigError):
         parse_overrides({}, ["novalue"])
+
+
+def test_precision_no_survives_yaml_reading_it_as_false(tmp_path):
+    """YAML 1.1 reads a bare `no` as false: `--set train.precision=no` and `precision: no` in a file mean "no"."""
+    assert load_config("dit-debug", ["train.precision=no"]).train.precision == "no"
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {family: dit}\ndata: {source: shapes}\ntrain: {precision: no}\n")
+    assert load_config(str(path), []).train.precision == "no"
