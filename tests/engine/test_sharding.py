@@ -65,6 +65,15 @@ def test_fsdp_trains_as_ddp_does(dit_runs, tmp_path):
         assert len(gaps) == 20 and max(gaps[:10]) < early and max(gaps) < late, (preset, gaps)
 
 
+def test_compiled_blocks_train_under_ddp_and_fsdp(dit_runs, tmp_path):
+    """train.compile on 2 processes: the compiled blocks run inside DDP and inside FSDP2's per-block units (their
+    hooks outside the compiled forward); the first losses are the eager runs' up to kernel rounding."""
+    for sharding in ("none", "fsdp"):
+        _train(tmp_path / sharding, "dit-debug", sharding, 4, 2, "--set", "train.compile=true")
+        compiled, eager = _losses(tmp_path / sharding), _losses(dit_runs / sharding)[:4]
+        assert len(compiled) == 4 and max(_relative_gap(compiled, eager)) < 1e-4
+
+
 def test_a_sharded_checkpoint_is_written_by_every_rank_and_verifies(dit_runs):
     checkpoint = dit_runs / "fsdp" / "checkpoints" / "step-000020"
     assert sorted(p.name for p in (checkpoint / "shards").iterdir()) == [
