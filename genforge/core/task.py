@@ -16,8 +16,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 
-# compiled variants allowed per trained block: train and no-grad (sampling), each under two autocast dtypes
-COMPILED_VARIANTS_PER_BLOCK = 4
+# compiled variants allowed per trained block: training and no-grad (sampling, evaluation), a few batch sizes each
+COMPILED_VARIANTS_PER_BLOCK = 8
 
 
 class Batch(TypedDict, total=False):
@@ -116,13 +116,14 @@ class Task(nn.Module):
     def compile_blocks(self) -> None:
         """torch.compile (inductor) every trained block's forward in place: parameter names, hooks (FSDP2's, DDP's)
         and activation checkpointing (compiled with the block) stay as they are. Blocks of one class share their
-        compiled code; each distinct shape, grad mode and autocast dtype adds a variant, so the recompile limit
-        grows with the number of blocks (a U-Net's blocks differ in channels and resolution)."""
+        compiled code; shapes are static (dynamic shapes trip inductor on diffusers' attention blocks), so each
+        distinct shape, grad mode and autocast dtype adds a variant and the recompile limit grows with the number of
+        blocks (a U-Net's blocks differ in channels and resolution)."""
         blocks = self.trained_blocks()
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, COMPILED_VARIANTS_PER_BLOCK * len(blocks))
         for block in blocks:
-            block.forward = torch.compile(block.forward)
+            block.forward = torch.compile(block.forward, dynamic=False)
 
     def ema_module(self) -> nn.Module:
         """The sub-module whose weights are averaged and used for sampling (default: the whole task)."""
