@@ -65,11 +65,11 @@ def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str
     if text is not None and not text.frozen:
         raise CacheError(f"--text-encoder {text.kind}: only frozen text encoders (minilm, t5, clip) can be cached; "
                          f"{text.kind} trains with the model, so its embeddings change every step")
+    staging = out.parent / f"{TMP_PREFIX}{out.name}"
     # before hours of encoding; rank 0 embeds the captions
     text_encoder = _together(lambda: build_text_encoder(text, memo=False).to(device)
-                             if text is not None and rank == 0 else None)
+                             if text is not None and rank == 0 else None, staging)
     dataset = build_dataset(data, split="train", flip=False)
-    staging = out.parent / f"{TMP_PREFIX}{out.name}"
     if rank == 0:
         if staging.exists():
             shutil.rmtree(staging)  # left by an encode that was killed
@@ -81,15 +81,14 @@ def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str
         folder = staging if world == 1 else staging / f"{TMP_PREFIX}rank-{rank:05d}"
         pattern = SHARD_PATTERN if world == 1 else PART_PATTERN
         mine = _together(lambda: _encode_part(codec, info, data, dataset, rank, world, folder, pattern, flip,
-                                              batch_size, shard_size, device, precision, bar, text is not None))
+                                              batch_size, shard_size, device, precision, bar, text is not None),
+                         staging)
         parts = gather_objects(mine)
         manifest = _manifest(info, data, dataset, flip, parts, shard_size)
         if world > 1:
-            _together(lambda: _renumber(staging, parts, shard_size, rank))
-        if rank == 0:
-            _together(lambda: _finish(staging, out, manifest, parts, text_encoder, text, batch_size, progress))
-        else:
-            _together(lambda: None)
+            _together(lambda: _renumber(staging, parts, shard_size, rank), staging)
+        _together(lambda: _finish(staging, out, manifest, parts, text_encoder, text, batch_size, progress)
+                  if rank == 0 else None, staging)
     except BaseException:
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
@@ -99,18 +98,23 @@ def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str
     return manifest if rank == 0 else read_manifest(out)
 
 
-def _together(step: Callable[[], T]) -> T:
-    """Run `step` on this rank; when it raised here or on another rank, raise on every rank (here the error itself,
-    elsewhere a CacheError saying another process failed), so that no rank waits for one that stopped. Every rank
-    calls it at the same point."""
+def _together(step: Callable[[], T], staging: Path) -> T:
+    """Run `step` on this rank; when it raised here or on another rank, rank 0 removes the `staging` folder and then
+    every rank raises (here the error itself, elsewhere a CacheError saying another process failed), so that no
+    rank waits for one that stopped and none exits before the folder is gone. Every rank calls it at the same
+    point."""
     try:
-        result = step()
-    except Exception:
-        all_ranks_ok(False)
-        raise
-    if not all_ranks_ok(True):
-        raise CacheError("another process of this encode failed (its error is in its output); nothing was written")
-    return result
+        result, error = step(), None
+    except Exception as err:
+        result, error = None, err
+    if all_ranks_ok(error is None):
+        return result
+    if rank_and_world()[0] == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    all_ranks_ok(True)  # the folder is gone
+    if error is not None:
+        raise error
+    raise CacheError("another process of this encode failed (its error is in its output); nothing was written")
 
 
 @dataclass
