@@ -411,7 +411,7 @@ def evaluate(
     bar.finish(f"evaluated {results.get('n', n or run.config.eval.n)} samples", scores)
     if not results:  # ranks other than 0
         return
-    results["precision"] = precision
+    results["autocast"] = precision  # not "precision": prdc's result
     out = write_eval_results(run_dir, run.step, results)
     for key, value in results.items():
         if isinstance(value, list):

@@ -72,13 +72,14 @@ def test_bf16_samples_are_close_to_float32_and_fp16_on_a_cpu_exits_2(dit_run, tm
     assert (half - full).abs().mean() < 0.01 and (half - full).abs().max() < 0.25
 
     monkeypatch.setattr(metrics_module, "feature_network", lambda device: TinyFeatures())
-    out = runner.invoke(app, ["eval", str(dit_run), "--metrics", "fid", "--n", "8", "--steps", "2", "--precision",
-                              "bf16"])
+    out = runner.invoke(app, ["eval", str(dit_run), "--metrics", "fid,prdc", "--n", "8", "--steps", "2",
+                              "--precision", "bf16"])
     assert out.exit_code == 0, out.output
-    assert json.loads((dit_run / "eval" / "6.json").read_text())["precision"] == "bf16"
+    result = json.loads((dit_run / "eval" / "6.json").read_text())
+    assert result["autocast"] == "bf16" and isinstance(result["precision"], float)  # prdc's precision kept
     out = runner.invoke(app, ["eval", str(dit_run), "--metrics", "fid", "--n", "8", "--steps", "2"])
     assert out.exit_code == 0, out.output
-    assert json.loads((dit_run / "eval" / "6.json").read_text())["precision"] == "no"  # the run's train.precision
+    assert json.loads((dit_run / "eval" / "6.json").read_text())["autocast"] == "no"  # the run's train.precision
 
     for command in (["sample", str(dit_run), "--out", str(tmp_path / "g.png")], ["eval", str(dit_run)]):
         out = runner.invoke(app, [*command, "--precision", "fp16"])
