@@ -169,17 +169,24 @@ def test_eval_on_two_processes_scores_like_one(dit_run, tmp_path):
 @pytest.mark.dist  # several processes: make test-dist
 def test_encode_on_two_processes_writes_the_cache_of_one(vae_run, tmp_path):
     """50 images in batches of 12: rank 0 encodes 24, rank 1 26; shards of 10, so shard 2 (positions 20-29) holds
-    records of both ranks. Same cache.json, same records (keys, codes, labels, captions) at the same positions."""
-    args = ["encode", str(vae_run), "--set", "data.shapes.n=50", "--batch-size", "12", "--shard-size", "10"]
+    records of both ranks. Same cache.json, same records (keys, codes, labels, captions) at the same positions, and
+    the same text embeddings of the captions both ranks saw."""
+    args = ["encode", str(vae_run), "--set", "data.shapes.n=50", "--batch-size", "12", "--shard-size", "10",
+            "--text-encoder", "minilm"]
     one = _genforge([*args, "--out", str(tmp_path / "one")])
     two = _genforge([*args, "--out", str(tmp_path / "two")], processes=2)
     assert one.returncode == 0 and two.returncode == 0, two.stderr[-3000:]
-    assert (tmp_path / "one" / "cache.json").read_text() == (tmp_path / "two" / "cache.json").read_text()
+    for name in ("cache.json", "text_embeds.json", "text_embeds.safetensors"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     manifest = read_manifest(tmp_path / "two")
     assert manifest.count == 50 and manifest.shards == [f"shard-{k:06d}.tar" for k in range(5)]
-    assert _records(tmp_path / "one") == _records(tmp_path / "two")
+    records = _records(tmp_path / "two")
+    assert records == _records(tmp_path / "one")
+    captions = {r[k] for r in records for k in ("txt", "txt_flip.txt") if k in r}
+    assert manifest.text_encoder["count"] == len(captions)  # the captions of both ranks' images
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # no staging folder left
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["cache.json", *manifest.shards]
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(
+        ["cache.json", "text_embeds.json", "text_embeds.safetensors", *manifest.shards])
     assert two.stdout.count("wrote 50 latent") == 1 and "encoded 50 images into 5 shard(s) on 2 processes" in two.stderr
 
 

@@ -15,11 +15,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def check_precision(precision: str, device: torch.device | str, setting: str) -> None:
     """ValueError naming `setting` (e.g. "--precision fp16") for a precision the device cannot run: an unknown
-    name, or fp16 off a CUDA GPU (CPU float16 autocast is unsupported for many ops and the grad scaler is CUDA's)."""
+    name, or fp16 off a CUDA GPU (float16 runs on CUDA only, as training's grad scaler does)."""
     if precision != "no" and precision not in DTYPES:
         raise ValueError(f"{setting}: unknown precision; allowed: no, {', '.join(DTYPES)}")
     if precision == "fp16" and torch.device(device).type != "cuda":
-        raise ValueError(f"{setting} needs a CUDA GPU (float16 autocast and its grad scaler run on GPUs only); "
+        raise ValueError(f"{setting} needs a CUDA GPU (float16 mixed precision runs on GPUs only); "
                          "use bf16 or no here")
 
 
