@@ -1,6 +1,7 @@
 """Sampling, evaluation and encoding at scale: --precision, progress lines without a terminal, and several processes
 under torchrun (2 CPU processes over gloo; the `dist` tests run in `make test-dist`)."""
 
+import io
 import json
 import logging
 import os
@@ -188,6 +189,27 @@ def test_encode_on_two_processes_writes_the_cache_of_one(vae_run, tmp_path):
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(
         ["cache.json", "text_embeds.json", "text_embeds.safetensors", *manifest.shards])
     assert two.stdout.count("wrote 50 latent") == 1 and "encoded 50 images into 5 shard(s) on 2 processes" in two.stderr
+
+
+@pytest.mark.dist  # several processes: make test-dist
+def test_encode_of_webdataset_shards_on_two_processes_writes_the_cache_of_one(vae_run, tmp_path):
+    """5 source shards of 10 records: rank 0 reads the first 2, rank 1 the other 3. The batch of 8 that straddles
+    them on one process (records 16-23) is two batches on two, so codes agree to float rounding; all else exactly."""
+    data = ["--set", "data.source=shards", "--set", f"data.path={tmp_path / 'src'}/shapes-{{000000..000004}}.tar"]
+    made = subprocess.run([sys.executable, "-m", "genforge", "data", "shapes", "--out", str(tmp_path / "src"), "--n",
+                           "50", "--image-size", "16", "--shards", "--shard-size", "10"], env=_env(), timeout=120)
+    assert made.returncode == 0
+    args = ["encode", str(vae_run), *data, "--batch-size", "8", "--shard-size", "16"]
+    one = _genforge([*args, "--out", str(tmp_path / "one")])
+    two = _genforge([*args, "--out", str(tmp_path / "two")], processes=2)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-3000:]
+    assert (tmp_path / "one" / "cache.json").read_text() == (tmp_path / "two" / "cache.json").read_text()
+    ones, twos = _records(tmp_path / "one"), _records(tmp_path / "two")
+    assert len(ones) == len(twos) == 50
+    for a, b in zip(ones, twos):
+        assert a.keys() == b.keys() and all(a[k] == b[k] for k in a if not k.endswith(".npy"))
+        for key in (k for k in a if k.endswith(".npy")):
+            np.testing.assert_allclose(np.load(io.BytesIO(a[key])), np.load(io.BytesIO(b[key])), atol=2e-3)
 
 
 @pytest.mark.dist  # several processes: make test-dist
