@@ -24,6 +24,7 @@ from genforge.app.encode import encode_dataset
 from genforge.app.runs import (FamilyOption, LoadedRun, build_task, check_data_size, count_parameters,
                                family_sample_options, load_codec, load_run, make_trainer, missing_inputs,
                                resume_changes, run_family)
+from genforge.core.precision import check_precision
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
 from genforge.data.cache import MANIFEST, manifest_summary
@@ -33,9 +34,10 @@ from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.data.shards import DataError
 from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
 from genforge.engine.lock import RunDirectoryLocked
-from genforge.engine.logging import write_samples
+from genforge.engine.logging import Progress, write_samples
 from genforge.engine.preemption import Preempted
 from genforge.engine.trainer import TrainingError
+from genforge.eval.distributed import rank_and_world
 from genforge.eval.run import evaluate_task, generate, write_eval_results
 from genforge.text.config import TextEncoderConfig
 
@@ -149,6 +151,21 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+PRECISION_HELP = "no, bf16 or fp16 (fp16: CUDA only): autocast of the network (default: the run's train.precision)"
+
+
+def _precision(given: str | None, trained: str, device: str) -> str:
+    """The precision to run the network in: --precision, else the run's train.precision (exit 2 naming --precision
+    for a name this device cannot run)."""
+    precision = given or trained
+    setting = f"--precision {precision}" + ("" if given else " (the default: the run's train.precision)")
+    try:
+        check_precision(precision, device, setting)
+    except ValueError as err:
+        _fail(str(err))
+    return precision
+
+
 class FamilyOptionsCommand(TyperCommand):
     """`sample` and `eval`: besides their own options, the sampling options the families declare
     (FamilyConfig.sample_options), parsed from the arguments typer leaves (`ctx.args`) by `_family_options`. --help
@@ -243,8 +260,9 @@ FAMILY_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}  # fami
 def sample(
     ctx: typer.Context,
     run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
-    n: Annotated[Optional[int], typer.Option(min=1, help="number of samples (default: 16, or one per line of "
-                                                         "--prompts)")] = None,
+    n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of samples (default: 16, or one per "
+                                                                       "line of --prompts; -n under torchrun)")]
+    = None,
     out: Annotated[Optional[Path], typer.Option(help="grid to write: .png (images), .gif or .mp4 (clips) (default: "
                                                   "RUN_DIR/samples/sample-...)")] = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
@@ -259,10 +277,12 @@ def sample(
                                                                 "unconditional branch)")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="text file, one prompt per line; samples cycle through "
                                                          "them")] = None,
+    precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
 ) -> None:
     """Write a PNG grid of samples (a GIF or MP4 of clips for video models) from the run's EMA weights, and the
-    prompts, one per cell, beside it. Besides these options, each family has its own (`genforge sample RUN_DIR
-    --help` lists those of the run's family)."""
+    prompts, one per cell, beside it. Under torchrun the processes split the samples (the grid is the same) and
+    rank 0 writes it. Besides these options, each family has its own (`genforge sample RUN_DIR --help` lists those
+    of the run's family)."""
     _check_finite(cfg_scale=cfg_scale)
     if out is not None:  # before sampling: a wrong --out should not cost the samples
         if out.suffix and out.suffix.lower() not in PREVIEW_WRITERS:
@@ -271,24 +291,42 @@ def sample(
     prompt_list = _read_prompts(prompts) if prompts is not None else None
     if prompt is not None and prompt_list is not None:
         _fail("--prompt and --prompts: give one of them")
+    try:
+        _join_process_group()
+        _sample(ctx, run_dir, n, out, seed, precision, prompts, prompt_list,
+                {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale, "label": label, "prompt": prompt,
+                 "negative_prompt": negative_prompt})
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _sample(ctx: typer.Context, run_dir: Path, n: int | None, out: Path | None, seed: int, precision: str | None,
+            prompts: Path | None, prompt_list: list[str] | None, given: dict[str, Any]) -> None:
+    """`genforge sample` once its options are read, on every rank of a process group (rank 0 writes)."""
     run, device = _open_run(run_dir)
+    precision = _precision(precision, run.config.train.precision, device)
     extra = _family_options(ctx, run)
     read_files = [Path(a) for a in ctx.args if Path(a).is_file()]  # --prompts and family options' files
     for source in [p for p in [prompts, *read_files] if p is not None and out is not None]:
         if out.with_suffix(".txt").resolve() == source.resolve():  # the captions are written beside the output
             _fail(f"--out {out}: its captions file {out.with_suffix('.txt')} would overwrite {source}; choose "
                   "another --out")
-    text = prompt is not None or prompt_list is not None or negative_prompt is not None
+    text = given["prompt"] is not None or prompt_list is not None or given["negative_prompt"] is not None
     if text and not run.config.model.takes_prompts():
         _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
     n = n or (len(prompt_list) if prompt_list else 16)
-    opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale, "label": label,
-                              "prompt": prompt, "prompts": prompt_list, "negative_prompt": negative_prompt,
-                              **extra}.items() if v is not None}
-    try:
-        images, cond = generate(run.task, n, seed, device, progress=True, **opts)
+    opts = {k: v for k, v in {**given, "prompts": prompt_list, **extra}.items() if v is not None}
+    rank, world = rank_and_world()
+    bar = Progress("sampling", "samples", enabled=rank == 0, processes=world)
+    try:  # on a terminal, also the sampler's bar over its steps
+        images, cond = generate(run.task, n, seed, device, precision=precision, report=bar.report,
+                                progress=bar.on_terminal, **opts)
     except ValueError as err:
         _fail(str(err))
+    bar.finish(f"sampled {n} samples")
+    if rank != 0:
+        return
     try:
         default = run_dir / "samples" / f"sample-step{run.step:06d}-seed{seed}"
         path = write_samples(run.task, cond, images, out or default)
@@ -343,28 +381,37 @@ def evaluate(
     = None,
     i3d_weights: Annotated[Optional[str], typer.Option(help="TorchScript I3D (StyleGAN-V's i3d_torchscript.pt) for "
                                                             "metric fvd; default: eval.i3d_weights")] = None,
+    precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
 ) -> None:
-    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch). Sampling options
-    of the run's family that apply to evaluation are listed by `genforge eval RUN_DIR --help`."""
+    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch, whose processes
+    split the samples: the scores are those of one process). Sampling options of the run's family that apply to
+    evaluation are listed by `genforge eval RUN_DIR --help`."""
     _check_finite(cfg_scale=cfg_scale)
     _join_process_group()
-    run, device = _open_run(run_dir)
-    names = metrics.split(",") if metrics else run.config.eval.metrics
-    opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale}.items() if v is not None}
-    opts.update(_family_options(ctx, run))
     try:
-        run.config.eval.ref = ref or run.config.eval.ref
-        run.config.eval.is_weights = is_weights or run.config.eval.is_weights
-        run.config.eval.i3d_weights = i3d_weights or run.config.eval.i3d_weights
-        results = evaluate_task(run.task, run.config.data, run.config.eval, names, n or run.config.eval.n, seed,
-                                device, **opts)
-    except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights, --ref
-        _fail(str(err))
+        run, device = _open_run(run_dir)
+        precision = _precision(precision, run.config.train.precision, device)
+        names = metrics.split(",") if metrics else run.config.eval.metrics
+        opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale}.items() if v is not None}
+        opts.update(_family_options(ctx, run))
+        rank, world = rank_and_world()
+        bar = Progress("evaluating", "samples", enabled=rank == 0, processes=world)
+        try:
+            run.config.eval.ref = ref or run.config.eval.ref
+            run.config.eval.is_weights = is_weights or run.config.eval.is_weights
+            run.config.eval.i3d_weights = i3d_weights or run.config.eval.i3d_weights
+            results = evaluate_task(run.task, run.config.data, run.config.eval, names, n or run.config.eval.n, seed,
+                                    device, precision=precision, report=bar.report, **opts)
+        except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights, --ref
+            _fail(str(err))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    scores = ", ".join(f"{k} {v:.4g}" for k, v in results.items() if isinstance(v, float))
+    bar.finish(f"evaluated {results.get('n', n or run.config.eval.n)} samples", scores)
     if not results:  # ranks other than 0
         return
+    results["autocast"] = precision  # not "precision": prdc's result
     out = write_eval_results(run_dir, run.step, results)
     for key, value in results.items():
         if isinstance(value, list):
@@ -374,8 +421,9 @@ def evaluate(
 
 
 def _join_process_group() -> None:
-    """Under torchrun / accelerate launch (WORLD_SIZE > 1): join the process group, so that `eval` splits the
-    samples over the processes (gloo on CPUs, NCCL on GPUs, one GPU per local rank)."""
+    """Under torchrun / accelerate launch (WORLD_SIZE > 1): join the process group, so that `sample` and `eval` split
+    the samples and `encode` the data set over the processes (gloo on CPUs, NCCL on GPUs, one GPU per local
+    rank)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -400,9 +448,13 @@ def encode(
     text_encoder_path: Annotated[Optional[str], typer.Option(help="its checkpoint directory (t5, clip; minilm: "
                                                                   "default the packaged one)")] = None,
     text_max_length: Annotated[int, typer.Option(min=1, max=512, help="tokens per caption")] = 32,
+    precision: Annotated[Optional[str], typer.Option(help="no, bf16 or fp16 (fp16: CUDA only): autocast of the "
+                                                          "encoder (default: the tokenizer run's train.precision)")]
+    = None,
 ) -> None:
     """Encode a data set once with a tokenizer: latents or token ids as webdataset shards + cache.json (and, with
-    --text-encoder, the captions' text embeddings)."""
+    --text-encoder, the captions' text embeddings). Under torchrun the processes encode parts of the data set into
+    one cache, the same as one process writes."""
     overrides = set_ or []
     for item in overrides:
         if not item.startswith("data."):
@@ -410,17 +462,25 @@ def encode(
     if text_encoder is None and text_encoder_path is not None:
         _fail("--text-encoder-path applies to --text-encoder")
     device = "cuda" if _cuda() else "cpu"
+    _join_process_group()
+    rank = rank_and_world()[0]
     try:
         text = None
         if text_encoder is not None:
             text = TextEncoderConfig(kind=text_encoder, path=text_encoder_path, max_length=text_max_length)
         codec, info = load_codec(tokenizer, device)
+        precision = _precision(precision, load_config(str(tokenizer / "config.yaml")).train.precision, device)
         cfg = load_config(data or str(tokenizer / "config.yaml"), overrides)
         manifest = encode_dataset(codec, info, cfg.data, out, flip=cfg.data.flip if flip is None else flip,
                                   batch_size=batch_size, shard_size=shard_size, device=device, progress=True,
-                                  text=text)
+                                  text=text, precision=precision)
     except (ValueError, FileNotFoundError, CheckpointReadError) as err:  # ConfigError, CacheError: ValueErrors
         _fail(str(err))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank != 0:
+        return
     if manifest.skipped:
         typer.echo(f"genforge: skipped {len(manifest.skipped)} unreadable images (listed in {MANIFEST})", err=True)
     typer.echo(f"wrote {manifest_summary(manifest)} to {out}")

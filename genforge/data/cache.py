@@ -176,7 +176,7 @@ def check_cache(data: DataInfo, codec: CodecInfo, path: str | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def _shard_records(path: Path) -> Iterator[dict[str, Any]]:
+def shard_records(path: Path) -> Iterator[dict[str, Any]]:
     """The samples of one shard as {field: bytes}, in write order."""
     from webdataset.tariterators import tarfile_samples
 
@@ -214,7 +214,7 @@ class CacheDataset(Dataset):
             if not shard.is_file():
                 raise CacheError(f"{shard} is missing (listed in {self.root / MANIFEST})")
             try:
-                for record in _shard_records(shard):
+                for record in shard_records(shard):
                     codes.append(_array(record[self.kind.key], m))
                     if flip:
                         flipped.append(_array(record[self.kind.flip_key], m))

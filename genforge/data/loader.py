@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset
 
 from genforge.core.config import DataConfig, TrainConfig
 from genforge.core.random import mix_seed
@@ -156,6 +156,25 @@ def heldout_batch(cfg: DataConfig, n: int, spread: bool = False) -> dict[str, An
 def dataset_size(dataset: Dataset) -> int | None:
     """Samples in a map-style data set; None for a stream (webdataset shards), whose size is unknown."""
     return None if isinstance(dataset, IterableDataset) else len(dataset)
+
+
+def dataset_part(dataset: Dataset, rank: int, world: int, batch_size: int = 1) -> Dataset:
+    """Part `rank` of `world` contiguous parts of a data set's ordered pass (`genforge encode` on several processes):
+    a block of whole batches of `batch_size` indices of a map-style data set (so every batch holds the samples it
+    holds in one process), a block of the shards of a stream (its `part`). The parts in rank order are the whole
+    pass, in the order one process reads it (a stream read by several DataLoader workers interleaves their shards,
+    in each part as in the whole)."""
+    if world == 1:
+        return dataset
+    if isinstance(dataset, IterableDataset):
+        part = getattr(dataset, "part", None)
+        if part is None:
+            raise ValueError(f"a {type(dataset).__name__} cannot be split over {world} processes")
+        return part(rank, world)
+    size = len(dataset)
+    batches = -(-size // batch_size)
+    start, stop = (min(size, batch_size * (batches * r // world)) for r in (rank, rank + 1))
+    return Subset(dataset, range(start, stop))
 
 
 def micro_batch_size(global_batch: int, grad_accum: int = 1, world_size: int = 1) -> int:

@@ -21,6 +21,7 @@ records of the micro-batches it already produced, and yields what an uninterrupt
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -338,6 +339,14 @@ class ShardDataset(IterableDataset):
         for url in self.urls[worker::workers]:
             for record in read_shard_or_report(url):
                 yield self.decode(url, record, None)
+
+    def part(self, rank: int, world: int) -> "ShardDataset":
+        """The same data set over a contiguous block of its shards, part `rank` of `world` (loader.dataset_part);
+        a part may hold no shard when there are fewer shards than parts."""
+        part = copy.copy(self)
+        count = len(self.urls)
+        part.urls = self.urls[count * rank // world : count * (rank + 1) // world]
+        return part
 
     # ---------------------------------------------------------------------------- the training stream
     def slot_records(self, slot: int, slots: int, seed: int, skip: int = 0) -> Iterator[tuple[str, Record, int]]:

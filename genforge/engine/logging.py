@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from genforge.core.config import LogConfig
 from genforge.core.task import Batch, Task
@@ -51,6 +52,59 @@ class StepLines:
         losses = " ".join(f"{k} {v:.4g}" for k, v in values.items() if k == "loss" or k.endswith("/loss"))
         return (f"step {step}/{self.total} {losses} lr {values.get('lr', 0.0):.3g} "
                 f"{values.get('samples_per_s', 0.0):.1f} samples/s ETA {duration(left)}")
+
+
+class Progress:
+    """Progress of a job outside training (sampling, evaluation, encoding), by the same rule as training: a tqdm bar
+    when stderr is a terminal, else one plain line through `console()` each time another `every` units are done
+    (default: a tenth of the total; 1000 when the total is unknown), and `finish` logs a closing summary with the
+    wall time. On several processes only rank 0 reports (`enabled`), counting its own share of the work."""
+
+    def __init__(self, desc: str, unit: str, total: int | None = None, every: int | None = None,
+                 enabled: bool = True, processes: int = 1) -> None:
+        self.desc, self.unit, self.total, self.enabled, self.given_every = desc, unit, total, enabled, every
+        self.processes = processes
+        if processes > 1:
+            desc = f"{desc} (rank 0 of {processes})"
+        self.every = self._every()
+        self.on_terminal = enabled and sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr,
+                        disable=not self.on_terminal)
+        self.desc = desc
+        self.done, self.start = 0, time.perf_counter()
+
+    def _every(self) -> int:
+        return self.given_every or (max(1, -(-self.total // 10)) if self.total else 1000)
+
+    def report(self, done: int, total: int | None = None) -> None:
+        """`done` units finished so far, of `total` (when it is only known now)."""
+        if total is not None and total != self.total:
+            self.total = self.bar.total = total
+            self.every = self._every()
+        self.bar.update(done - self.done)
+        crossed = done // self.every > self.done // self.every or (done == self.total and done > self.done)
+        self.done = done
+        if self.enabled and not self.on_terminal and crossed:
+            console().info(self.line())
+
+    def line(self) -> str:
+        """'sampling 64/256 samples, 12.3 samples/s, ETA 0:00:15' (no ETA without a total); on several processes
+        'sampling (rank 0 of 2) 64/128 samples, ...'."""
+        seconds = time.perf_counter() - self.start
+        rate = self.done / max(seconds, 1e-9)
+        of = f"/{self.total}" if self.total else ""
+        left = f", ETA {duration((self.total - self.done) / max(rate, 1e-9))}" if self.total else ""
+        return f"{self.desc} {self.done}{of} {self.unit}, {rate:.3g} {self.unit}/s{left}"
+
+    def finish(self, done: str, details: str = "") -> float:
+        """Close the bar and log the closing summary '`done` [on N processes] in h:mm:ss[: `details`]' (e.g.
+        "evaluated 256 samples in 0:01:02: fid 12.3"); returns the seconds since the start."""
+        self.bar.close()
+        seconds = time.perf_counter() - self.start
+        where = f" on {self.processes} processes" if self.processes > 1 else ""
+        if self.enabled:
+            console().info(f"{done}{where} in {duration(seconds)}" + (f": {details}" if details else ""))
+        return seconds
 
 
 def write_samples(task: Task, cond: Batch, outputs: Tensor, path: Path) -> Path:

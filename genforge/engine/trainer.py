@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from genforge.core.config import ConfigChange, ConfigError, DataConfig, EvalConfig, LogConfig, TrainConfig
 from genforge.core.files import write_atomically
+from genforge.core.precision import check_precision
 from genforge.core.random import BatchRandom, global_rng_state, set_global_rng_state
 from genforge.core.task import Batch, Task
 from genforge.data.base import BadDataError, DataInfo, collate, missing_field_error
@@ -129,9 +130,7 @@ class Trainer:
     def __init__(self, run: TrainingRun, run_dir: Path, fresh: bool = False) -> None:
         self.run = run
         tc = run.train
-        if tc.precision == "fp16" and not torch.cuda.is_available():
-            raise ValueError("train.precision=fp16 needs a CUDA GPU (its grad scaler does not run on the CPU); "
-                             "use bf16 or no here")
+        check_precision(tc.precision, "cuda" if torch.cuda.is_available() else "cpu", f"train.precision={tc.precision}")
         ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
         timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=tc.dist_timeout_s))
         # torchrun/accelerate launch without CUDA: accelerate joins the (gloo) process group only when told cpu=True

@@ -1,8 +1,11 @@
-"""Collectives for evaluation over several processes (torchrun / accelerate launch): each rank handles its share
-of the samples, rows are gathered in sample order, and rank 0 computes the statistics. Without an initialised
-process group every function is the single-process identity."""
+"""Collectives for work split over several processes (torchrun / accelerate launch): evaluation and sampling (each
+rank handles its share of the samples, rows are gathered in sample order, rank 0 computes the statistics or writes
+the grid) and encoding (each rank encodes a part of the data set; rank 0 writes the manifest once every rank
+succeeded). Without an initialised process group every function is the single-process identity."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,4 +58,25 @@ def rank0_decides(flag: bool) -> bool:
         return flag
     value = torch.tensor([int(flag)], device=_comm_device())
     dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's picklable `obj`, in rank order, on every rank ([obj] without a process group)."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return [obj]
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, obj)
+    return every
+
+
+def all_ranks_ok(ok: bool) -> bool:
+    """Whether `ok` holds on every rank, on every rank (so all of them stop when one failed); every rank must call
+    it at the same point. Also a barrier."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return ok
+    value = torch.tensor([int(ok)], device=_comm_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return bool(value.item())

@@ -5,18 +5,23 @@ eval sections and a Task; never the whole run config.
 Several processes (torchrun / accelerate launch): every rank generates its share of the samples and extracts
 their features; the rows are gathered in sample order (`eval.distributed`) before rank 0 computes any statistic,
 so the results equal those of one process on the same samples. Tokenizers are scored on rank 0.
+
+`precision` ("no", "bf16", "fp16"): the networks run under that autocast (`core.precision`); samples,
+reconstructions and embeddings are cast back to float32 before a metric sees them. `report(done, total)`, when
+given, is called after each batch with the samples this process has finished and its share of them.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
 from genforge.core.config import DataConfig, EvalConfig
+from genforge.core.precision import autocast
 from genforge.core.random import mix_seed
 from genforge.core.task import Batch, Task
 from genforge.data.loader import heldout_batch, heldout_sample_batches, heldout_split, pixel_field
@@ -26,10 +31,13 @@ from genforge.eval.metrics import (EmbeddingMetric, EvalContext, ReconstructionM
                                    task_roles)
 
 
+Report = Callable[[int, int], None]  # (samples finished by this process, its share of them)
+
+
 @torch.no_grad()
 def sample_chunks(task: Task, cond_all: Batch, n: int, seed: int, device: torch.device | str, batch_size: int = 64,
-                  rank: int = 0, world: int = 1, **opts: Any) -> Iterator[tuple[int, Tensor]]:
-    """This rank's chunks of the `n` samples: (index of the first sample, images on the CPU in [-1, 1]).
+                  rank: int = 0, world: int = 1, precision: str = "no", **opts: Any) -> Iterator[tuple[int, Tensor]]:
+    """This rank's chunks of the `n` samples: (index of the first sample, float32 images on the CPU in [-1, 1]).
     Chunk c (samples c·batch_size onwards) is drawn with a generator seeded by (seed, c) on rank c % world,
     so the samples are the same for any number of processes."""
     for chunk, start in enumerate(range(0, n, batch_size)):
@@ -37,19 +45,37 @@ def sample_chunks(task: Task, cond_all: Batch, n: int, seed: int, device: torch.
             continue
         gen = torch.Generator(device=device).manual_seed(mix_seed(seed, chunk))
         cond = {k: v[start : start + batch_size] for k, v in cond_all.items()}
-        yield start, task.sample(cond, gen, min(batch_size, n - start), **opts).float().cpu()
+        with autocast(precision, device):
+            images = task.sample(cond, gen, min(batch_size, n - start), **opts)
+        yield start, images.float().cpu()
 
 
-def generate(task: Task, n: int, seed: int, device: torch.device | str, batch_size: int = 64,
-             **opts: Any) -> tuple[Tensor, dict[str, Any]]:
-    """`n` samples (CPU, [-1, 1]) in batches, reproducible from `seed`, and the conditions used."""
+def chunk_share(n: int, batch_size: int, rank: int, world: int) -> int:
+    """How many of the `n` samples `sample_chunks` draws on `rank` of `world`."""
+    return sum(min(batch_size, n - start) for chunk, start in enumerate(range(0, n, batch_size))
+               if chunk % world == rank)
+
+
+def generate(task: Task, n: int, seed: int, device: torch.device | str, batch_size: int = 64, precision: str = "no",
+             report: Report | None = None, **opts: Any) -> tuple[Tensor, dict[str, Any]]:
+    """`n` samples (CPU, float32, [-1, 1]) in batches, reproducible from `seed`, and the conditions used. In a
+    process group every rank must call it: each draws its chunks (`sample_chunks`), and every rank gets all `n`
+    samples in order, the same as one process draws."""
+    rank, world = rank_and_world()
     cond_all = task.sample_conditions(n, torch.Generator(device=device).manual_seed(seed), **opts)
-    chunks = sample_chunks(task, cond_all, n, seed, device, batch_size, **opts)
-    return torch.cat([images for _, images in chunks]), cond_all
+    share, index, chunks = chunk_share(n, batch_size, rank, world), [], []
+    for start, images in sample_chunks(task, cond_all, n, seed, device, batch_size, rank, world, precision, **opts):
+        index.append(torch.arange(start, start + len(images)))
+        chunks.append(images)
+        if report is not None:
+            report(sum(len(c) for c in chunks), share)
+    order = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
+    return gather_rows(torch.cat(chunks) if chunks else torch.zeros(0), order), cond_all
 
 
 def evaluate_task(task: Task, data: DataConfig, eval_cfg: EvalConfig, metrics: list[str], n: int, seed: int,
-                  device: torch.device | str, batch_size: int = 64, **opts: Any) -> dict[str, Any]:
+                  device: torch.device | str, batch_size: int = 64, precision: str = "no",
+                  report: Report | None = None, **opts: Any) -> dict[str, Any]:
     """Run each metric on `n` fresh samples (results include the sampler settings used), or for a tokenizer
     (`task.codec()` is not None) on `n` reconstructions of held-out images of `data`. Every rank of a process
     group must call it; rank 0 gets the results, the others an empty dict."""
@@ -62,13 +88,13 @@ def evaluate_task(task: Task, data: DataConfig, eval_cfg: EvalConfig, metrics: l
         if rank_and_world()[0] != 0:
             return {}
         if task_roles(task) == ("embedder",):
-            return evaluate_embedder(codec, chosen, ctx)
-        return evaluate_tokenizer(codec, chosen, ctx)
-    return evaluate_generator(task, chosen, ctx, seed, **opts)
+            return evaluate_embedder(codec, chosen, ctx, precision=precision)
+        return evaluate_tokenizer(codec, chosen, ctx, precision=precision, report=report)
+    return evaluate_generator(task, chosen, ctx, seed, precision, report, **opts)
 
 
-def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext, seed: int,
-                       **opts: Any) -> dict[str, Any]:
+def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext, seed: int, precision: str = "no",
+                       report: Report | None = None, **opts: Any) -> dict[str, Any]:
     """Sample metrics on `ctx.n` samples, generated and featurised in shares over the ranks."""
     rank, world = rank_and_world()
     short = [m for m in metrics if ctx.n < m.min_samples]
@@ -82,11 +108,15 @@ def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext
         metric.setup(ctx)
     index: list[Tensor] = []
     rows: dict[int, list[Tensor]] = {id(e): [] for e in extractors}
-    for start, images in sample_chunks(task, ctx.cond, ctx.n, seed, ctx.device, ctx.batch_size, rank, world, **opts):
+    share = chunk_share(ctx.n, ctx.batch_size, rank, world)
+    for start, images in sample_chunks(task, ctx.cond, ctx.n, seed, ctx.device, ctx.batch_size, rank, world,
+                                       precision, **opts):
         index.append(torch.arange(start, start + len(images)))
         cond = {k: v[start : start + len(images)] for k, v in ctx.cond.items()}
         for extractor in extractors:
             rows[id(extractor)].append(extractor.rows(images, cond, ctx))
+        if report is not None:
+            report(sum(len(i) for i in index), share)
     order = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
     gathered = {id(e): gather_rows(torch.cat(rows[id(e)]) if rows[id(e)] else e.empty(), order) for e in extractors}
     if rank != 0:
@@ -101,16 +131,22 @@ def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext
 
 @torch.no_grad()
 def evaluate_tokenizer(codec: nn.Module, metrics: list[ReconstructionMetric], ctx: EvalContext,
-                       batch_size: int = 32) -> dict[str, Any]:
+                       batch_size: int = 32, precision: str = "no",
+                       report: Report | None = None) -> dict[str, Any]:
     """Encode and decode `ctx.n` held-out images or clips; each metric accumulates over the batches (reconstructions
     clamped to [-1, 1]; clips [B, C, T, H, W] are scored frame by frame, `n` counting clips)."""
     states = [metric.start(codec, ctx) for metric in metrics]
     count = 0
     for held in heldout_sample_batches(ctx.data, ctx.n, batch_size):
         images = held[pixel_field(ctx.data)].to(ctx.device)
-        codes = codec.encode(images)
-        recon = codec.decode(codes).float().clamp(-1, 1)
+        with autocast(precision, ctx.device):
+            codes = codec.encode(images)
+            recon = codec.decode(codes)
+        codes = codes.float() if codes.is_floating_point() else codes  # latents; token ids stay integers
+        recon = recon.float().clamp(-1, 1)
         count += len(images)
+        if report is not None:
+            report(count, ctx.n)
         images, recon = clip_frames(images), clip_frames(recon)  # clips: per frame
         for metric, state in zip(metrics, states):
             metric.update(state, images, codes, recon, held)
@@ -123,12 +159,15 @@ def evaluate_tokenizer(codec: nn.Module, metrics: list[ReconstructionMetric], ct
 
 
 @torch.no_grad()
-def evaluate_embedder(codec: nn.Module, metrics: list[EmbeddingMetric], ctx: EvalContext) -> dict[str, Any]:
+def evaluate_embedder(codec: nn.Module, metrics: list[EmbeddingMetric], ctx: EvalContext,
+                      precision: str = "no") -> dict[str, Any]:
     """Embed `ctx.n` held-out images (with their labels and captions) once; each metric scores the embeddings."""
     heldout = heldout_batch(ctx.data, ctx.n)
     images = heldout["image"]
-    embeds = torch.cat([codec.embed_images(images[i : i + ctx.batch_size].to(ctx.device)).float().cpu()
-                        for i in range(0, len(images), ctx.batch_size)])
+    with autocast(precision, ctx.device):
+        embeds = [codec.embed_images(images[i : i + ctx.batch_size].to(ctx.device))
+                  for i in range(0, len(images), ctx.batch_size)]
+    embeds = torch.cat([e.float().cpu() for e in embeds])
     results: dict[str, Any] = {"n": len(images), "split": heldout_split(ctx.data)}
     for metric in metrics:
         results.update(metric.score(codec, embeds, heldout, ctx))

@@ -1,6 +1,8 @@
 import errno
+import io
 import json
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ from genforge.app.runs import make_trainer
 from genforge.core.config import LogConfig
 from genforge.data.previews import image_grid
 from genforge.data.video import write_video
-from genforge.engine.logging import RunLogger
+from genforge.engine.logging import Progress, RunLogger
 
 
 def test_scalars_go_to_jsonl_and_a_resumed_run_drops_what_came_after_its_checkpoint(tmp_path):
@@ -94,3 +96,50 @@ def test_without_a_terminal_each_logged_step_is_one_plain_line_and_the_run_ends_
     assert all(" loss " in line and " samples/s ETA " in line for line in lines)
     summary = next(m for m in caplog.messages if m.startswith("trained steps 1-6 of 6 in "))
     assert "last loss" in summary and "step-000006" in summary and "samples" in summary
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_with_a_summary_elsewhere(monkeypatch, caplog):
+    """sample / eval / encode progress: without a terminal one line per tenth of the total crossed and a closing
+    summary through the `genforge` logger; on a terminal a tqdm bar and no lines; on ranks other than 0 nothing."""
+    caplog.set_level(logging.INFO, logger="genforge")
+    plain = Progress("encoding", "images", total=100)
+    for done in [*range(7, 100, 7), 100]:
+        plain.report(done)
+    lines = [m for m in caplog.messages if m.startswith("encoding ")]
+    assert [line.split()[1] for line in lines] == ["14/100", "21/100", "35/100", "42/100", "56/100", "63/100",
+                                                   "70/100", "84/100", "91/100", "100/100"]
+    assert all(", ETA " in line and " images/s" in line for line in lines)
+    plain.finish("encoded 100 images into 1 shard(s)", "3 unreadable skipped")
+    assert caplog.messages[-1] == "encoded 100 images into 1 shard(s) in 0:00:00: 3 unreadable skipped"
+
+    caplog.clear()
+    shares = Progress("sampling", "samples", processes=2)  # the total comes with the first report
+    shares.report(64, 128)
+    shares.report(128, 128)
+    shares.finish("sampled 256 samples")
+    assert len(caplog.messages) == 3
+    assert caplog.messages[0].startswith("sampling (rank 0 of 2) 64/128 samples, ")
+    assert caplog.messages[1].startswith("sampling (rank 0 of 2) 128/128 samples, ")
+    assert caplog.messages[2] == "sampled 256 samples on 2 processes in 0:00:00"
+
+    caplog.clear()
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = Progress("evaluating", "samples", total=10)
+    bar.report(5)
+    bar.report(10)
+    bar.finish("evaluated 10 samples")
+    assert "\r" in terminal.getvalue() and "10/10" in terminal.getvalue()  # the bar
+    assert caplog.messages == ["evaluated 10 samples in 0:00:00"]  # no lines, the summary
+
+    caplog.clear()
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    quiet = Progress("evaluating", "samples", total=10, enabled=False)  # rank 1
+    quiet.report(10)
+    quiet.finish("evaluated 10 samples")
+    assert caplog.messages == [] and sys.stderr.getvalue() == ""
