@@ -139,18 +139,24 @@ def _check_finite(**values: float | None) -> None:
             _fail(f"--{name.replace('_', '-')} {value}: must be a finite number")
 
 
-def _open_run(run_dir: Path):
+def _open_run(run_dir: Path, compile_blocks: bool = False):
+    """The run's EMA model on the best device; `compile_blocks`: its blocks compiled (--compile)."""
     device = "cuda" if _cuda() else "cpu"
     try:
-        return load_run(run_dir, device=device), device
+        run = load_run(run_dir, device=device)
     except (ConfigError, ValueError, CheckpointReadError) as err:
         _fail(str(err))
+    if compile_blocks:
+        run.task.compile_blocks()
+    return run, device
 
 
 def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+COMPILE_HELP = ("torch.compile the network's blocks (inductor) before sampling: pays on GPUs for many samples; "
+                "the first batch compiles")
 PRECISION_HELP = "no, bf16 or fp16 (fp16: CUDA only): autocast of the network (default: the run's train.precision)"
 
 
@@ -278,6 +284,7 @@ def sample(
     prompts: Annotated[Optional[Path], typer.Option(help="text file, one prompt per line; samples cycle through "
                                                          "them")] = None,
     precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
+    compile_: Annotated[bool, typer.Option("--compile/--no-compile", help=COMPILE_HELP)] = False,
 ) -> None:
     """Write a PNG grid of samples (a GIF or MP4 of clips for video models) from the run's EMA weights, and the
     prompts, one per cell, beside it. Under torchrun the processes split the samples (the grid is the same) and
@@ -293,7 +300,7 @@ def sample(
         _fail("--prompt and --prompts: give one of them")
     try:
         _join_process_group()
-        _sample(ctx, run_dir, n, out, seed, precision, prompts, prompt_list,
+        _sample(ctx, run_dir, n, out, seed, precision, compile_, prompts, prompt_list,
                 {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale, "label": label, "prompt": prompt,
                  "negative_prompt": negative_prompt})
     finally:
@@ -302,9 +309,9 @@ def sample(
 
 
 def _sample(ctx: typer.Context, run_dir: Path, n: int | None, out: Path | None, seed: int, precision: str | None,
-            prompts: Path | None, prompt_list: list[str] | None, given: dict[str, Any]) -> None:
+            compile_: bool, prompts: Path | None, prompt_list: list[str] | None, given: dict[str, Any]) -> None:
     """`genforge sample` once its options are read, on every rank of a process group (rank 0 writes)."""
-    run, device = _open_run(run_dir)
+    run, device = _open_run(run_dir, compile_)
     precision = _precision(precision, run.config.train.precision, device)
     extra = _family_options(ctx, run)
     read_files = [Path(a) for a in ctx.args if Path(a).is_file()]  # --prompts and family options' files
@@ -382,6 +389,7 @@ def evaluate(
     i3d_weights: Annotated[Optional[str], typer.Option(help="TorchScript I3D (StyleGAN-V's i3d_torchscript.pt) for "
                                                             "metric fvd; default: eval.i3d_weights")] = None,
     precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
+    compile_: Annotated[bool, typer.Option("--compile/--no-compile", help=COMPILE_HELP)] = False,
 ) -> None:
     """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch, whose processes
     split the samples: the scores are those of one process). Sampling options of the run's family that apply to
@@ -389,7 +397,7 @@ def evaluate(
     _check_finite(cfg_scale=cfg_scale)
     _join_process_group()
     try:
-        run, device = _open_run(run_dir)
+        run, device = _open_run(run_dir, compile_)
         precision = _precision(precision, run.config.train.precision, device)
         names = metrics.split(",") if metrics else run.config.eval.metrics
         opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale}.items() if v is not None}

@@ -25,14 +25,16 @@ def test_stable_surface_is_frozen():
     group = typer.main.get_command(app)
     assert {"train", "sample", "eval", "encode", "presets", "data"} <= set(group.commands)
     assert {"--set", "--run-dir", "--dry-run", "--fresh"} <= _options("train")
-    assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt"} <= _options("sample")
+    assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt", "--precision",
+            "--compile"} <= _options("sample")
     # the families' own sampling options (FamilyConfig.sample_options), which the CLI parses and --help lists
     declared = {"--" + option.name.replace("_", "-") for option in family_sample_options()}
     assert {"--image", "--start-stage", "--stop-stage", "--frames", "--story", "--critic"} <= declared
     shown = runner.invoke(app, ["sample", "--help"]).output
     assert all(flag in shown for flag in declared)
-    assert {"--metrics", "--n", "--seed", "--steps", "--cfg-scale", "--ref", "--is-weights"} <= _options("eval")
-    assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size"} <= _options("encode")
+    assert {"--metrics", "--n", "--seed", "--steps", "--cfg-scale", "--ref", "--is-weights", "--precision",
+            "--compile"} <= _options("eval")
+    assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size", "--precision"} <= _options("encode")
     assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}
 
 
