@@ -90,7 +90,8 @@ class KLAutoencoder(nn.Module):
         """A copy of the AutoencoderKL whose config's `scaling_factor` is this codec's scale (the fixed one, or the
         estimated 1/std): diffusers' `encode(x).latent_dist.mean * scaling_factor` is `encode(x)` and
         `decode(z / scaling_factor)` is `decode(z)` (a DiffusersAutoencoder, genforge.core.codec)."""
-        config = {**self.vae.config, "scaling_factor": self.scale_factor()}
-        vae = AutoencoderKL.from_config(config)
+        # without the private keys: `_use_default_values` would put diffusers' default scaling_factor back
+        config = {k: v for k, v in self.vae.config.items() if not k.startswith("_")}
+        vae = AutoencoderKL.from_config({**config, "scaling_factor": self.scale_factor()})
         vae.load_state_dict(self.vae.state_dict())  # strict: the same architecture, key for key
         return vae.to(next(self.vae.parameters()).device).eval()
