@@ -39,7 +39,7 @@ def export_loaded(run: LoadedRun, out: Path, target: str, weights: str = "ema",
     with torch.no_grad():
         exported = exporter(run.task, run.config.model, out)
     record = {"target": target, "run": str(Path(run_dir).resolve()) if run_dir else None,
-              "family": run.config.model.family, "step": run.step, "checkpoint": str(run.checkpoint),
+              "family": run.config.model.family, "step": run.step, "checkpoint": str(Path(run.checkpoint).absolute()),
               "weights": weights, "folders": exported.folders, "notes": exported.notes, "details": exported.details}
     (out / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return exported

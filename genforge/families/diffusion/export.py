@@ -216,8 +216,8 @@ def diffusers_scheduler(cfg: DiffusionConfig, clip: bool) -> tuple[Any | None, l
                                   clip_sample_range=1.0, set_alpha_to_one=True, steps_offset=0,
                                   prediction_type=PREDICTION_TYPES[cfg.prediction], timestep_spacing="leading")
         return scheduler, [
-            "DDIMScheduler (eta 0) takes the steps of genforge's `--sampler ddim`: the same timesteps whenever N "
-            f"steps of stride {cfg.num_timesteps} // N number exactly N (ceil(T / (T // N)) == N, e.g. any N dividing "
+            "DDIMScheduler (eta 0) takes the steps of genforge's `--sampler ddim`: the same timesteps for N steps "
+            f"whenever the stride T // N gives exactly N of them (ceil(T / (T // N)) == N, e.g. any N that divides "
             f"T={cfg.num_timesteps})"]
     if cfg.objective == "flow":
         return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=cfg.flow_shift), [
