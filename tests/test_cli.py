@@ -36,7 +36,7 @@ def test_stable_surface_is_frozen():
             "--compile"} <= _options("eval")
     assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size", "--precision"} <= _options("encode")
     assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}
-    assert {"--to", "--ema", "--no-ema"} <= _options("export")
+    assert {"--to", "--ema"} <= _options("export")  # --ema/--no-ema
 
 
 def test_bad_override_exits_2_in_a_real_process():
