@@ -21,9 +21,11 @@ from typer.core import TyperCommand
 
 from genforge.app.config import ConfigError, RunConfig, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
+from genforge.app.export import EXPORT_RECORD, export_run
 from genforge.app.runs import (FamilyOption, LoadedRun, build_task, check_data_size, count_parameters,
                                family_sample_options, load_codec, load_run, make_trainer, missing_inputs,
                                resume_changes, run_family)
+from genforge.core.family import export_targets
 from genforge.core.precision import check_precision
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
@@ -493,6 +495,33 @@ def encode(
         typer.echo(f"genforge: skipped {len(manifest.skipped)} unreadable images (listed in {MANIFEST})", err=True)
     typer.echo(f"wrote {manifest_summary(manifest)} to {out}")
     typer.echo(f"manifest: {out / MANIFEST}")
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
+    out: Annotated[Path, typer.Argument(help="folder to write (must not exist, or be empty)")],
+    to: Annotated[str, typer.Option("--to", help="target format: diffusers")],
+    ema: Annotated[bool, typer.Option("--ema/--no-ema", help="the EMA weights (default) or the live ones")] = True,
+) -> None:
+    """Export a run's model: `--to diffusers` writes save_pretrained folders in safetensors (a DiTPipeline, or
+    DiTTransformer2DModel / UNet2DModel + scheduler, AutoencoderKL, VQModel) and OUT/genforge-export.json; a model
+    that does not map exits 2 naming why (docs/interoperability.md)."""
+    targets = export_targets()
+    if to not in targets:
+        _fail(f"--to {to!r}: allowed {', '.join(targets)}")
+    _check_writable(out, "OUT", keep=False)  # the exporter creates it once the run is accepted
+    try:
+        exported = export_run(run_dir, out, to, ema=ema)
+    except (ValueError, FileNotFoundError, CheckpointReadError) as err:  # ConfigError, ExportError: ValueErrors
+        _fail(str(err))
+    except OSError as err:
+        _fail(f"OUT {out}: cannot write it ({err.strerror or err})", code=1)
+    for folder, cls in exported.folders.items():
+        typer.echo(f"wrote {cls}: {out / folder}")
+    for note in exported.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"record: {out / EXPORT_RECORD}")
 
 
 @app.command()

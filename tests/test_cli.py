@@ -23,7 +23,7 @@ def _options(command_name):
 
 def test_stable_surface_is_frozen():
     group = typer.main.get_command(app)
-    assert {"train", "sample", "eval", "encode", "presets", "data"} <= set(group.commands)
+    assert {"train", "sample", "eval", "encode", "presets", "data", "export"} <= set(group.commands)
     assert {"--set", "--run-dir", "--dry-run", "--fresh"} <= _options("train")
     assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt", "--precision",
             "--compile"} <= _options("sample")
@@ -36,6 +36,7 @@ def test_stable_surface_is_frozen():
             "--compile"} <= _options("eval")
     assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size", "--precision"} <= _options("encode")
     assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}
+    assert {"--to", "--ema"} <= _options("export")  # --ema/--no-ema
 
 
 def test_bad_override_exits_2_in_a_real_process():

@@ -9,7 +9,7 @@ and hands it, with its `CodecInfo`, to the family's builder. Parameter-free stan
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -34,6 +34,15 @@ class GaussianLatentCodec(LatentCodec, Protocol):
     mean and standard deviation in the same (scaled) latent units, so a generator can train on samples of it."""
 
     def encode_moments(self, image: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+@runtime_checkable
+class DiffusersAutoencoder(LatentCodec, Protocol):
+    """A LatentCodec that is a diffusers `AutoencoderKL` (klvae): `diffusers_autoencoder()` returns one with the
+    codec's weights whose `config.scaling_factor` is the codec's scale, so that diffusers' `decode(latent /
+    scaling_factor)` is the codec's `decode(latent)` (what `genforge export` puts in a DiTPipeline)."""
+
+    def diffusers_autoencoder(self) -> Any: ...
 
 
 @runtime_checkable

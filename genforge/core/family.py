@@ -1,5 +1,5 @@
-"""How a family plugs in: its spec (config class, task builder, presets folder), what its builder is handed
-(`BuildContext`), and `register_family`, which a family's package calls when it is imported."""
+"""How a family plugs in: its spec (config class, task builder, presets folder, exporters), what its builder is
+handed (`BuildContext`), and `register_family`, which a family's package calls when it is imported."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from genforge.core.config import DataConfig, FamilyConfig
+from genforge.core.errors import ConfigError
+from genforge.core.export import Exporter
 from genforge.core.registry import FAMILIES
 from genforge.core.task import HeldOut
 
@@ -36,32 +38,55 @@ class BuildContext:
 @dataclass(frozen=True)
 class FamilySpec:
     """A family: its config class (whose `family` Literal is the name), the builder of its Task, and the folder of
-    its presets (*.yaml, listed by `genforge presets`). The builder may be named "package.module:attribute", so
-    that validating a config or listing presets does not import the family's model code and its heavy
-    dependencies (diffusers, vector-quantize-pytorch) until a task is built."""
+    its presets (*.yaml, listed by `genforge presets`), and its exporters by target format (`genforge export RUN
+    --to TARGET`, genforge.core.export). The builder and the exporters may be named "package.module:attribute",
+    so that validating a config or listing presets does not import the family's model code and its heavy
+    dependencies (diffusers, vector-quantize-pytorch) until a task is built or exported."""
 
     name: str
     config: type[FamilyConfig]
     build: Callable[[Any, BuildContext], Any] | str  # (its config, BuildContext) -> core.task.Task
     presets: Path | None = None
     aliases: tuple[str, ...] = ()  # former names: a config or run that says one means this family
+    exporters: dict[str, Exporter | str] = field(default_factory=dict, hash=False)  # target -> exporter
 
     def builder(self) -> Callable[[Any, BuildContext], Any]:
         """The builder, imported on first use when it is named by a string."""
-        if not isinstance(self.build, str):
-            return self.build
-        module, _, attribute = self.build.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return _resolve(self.build)
+
+    def exporter(self, target: str) -> Exporter:
+        """The exporter to `target` (imported on first use when named by a string); ConfigError naming the
+        families that export there when this one does not."""
+        if target not in self.exporters:
+            others = [name for name, spec in FAMILIES.items() if target in spec.exporters]
+            raise ConfigError(f"model.family={self.name} runs do not export to {target!r}; the families that do: "
+                              f"{', '.join(others) or 'none'}")
+        return _resolve(self.exporters[target])
+
+
+def _resolve(entry: Callable[..., Any] | str) -> Callable[..., Any]:
+    """A callable, or the one a "package.module:attribute" string names (imported now)."""
+    if not isinstance(entry, str):
+        return entry
+    module, _, attribute = entry.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def register_family(config: type[FamilyConfig], build: Callable[[Any, BuildContext], Any] | str,
-                    presets: Path | None = None, aliases: tuple[str, ...] = ()) -> FamilySpec:
+                    presets: Path | None = None, aliases: tuple[str, ...] = (),
+                    exporters: dict[str, Exporter | str] | None = None) -> FamilySpec:
     """Register a family under the name its config's `family` field defaults to; `aliases` are former names that
-    configs and run directories may still use (`canonical_family`)."""
+    configs and run directories may still use (`canonical_family`); `exporters` maps a target format
+    ("diffusers") to the family's exporter (genforge.core.export.Exporter)."""
     name = config.model_fields["family"].default
     if not isinstance(name, str):
         raise ValueError(f"{config.__name__}.family needs a default: the family's name")
-    return FAMILIES.register(name, FamilySpec(name, config, build, presets, tuple(aliases)))
+    return FAMILIES.register(name, FamilySpec(name, config, build, presets, tuple(aliases), dict(exporters or {})))
+
+
+def export_targets() -> list[str]:
+    """Every target format some registered family exports to, in registration order."""
+    return list(dict.fromkeys(target for _, spec in FAMILIES.items() for target in spec.exporters))
 
 
 def canonical_family(name: str) -> str:

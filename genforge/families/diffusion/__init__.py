@@ -8,4 +8,4 @@ from genforge.core.family import register_family
 from genforge.families.diffusion.config import DiffusionModelConfig
 
 register_family(DiffusionModelConfig, "genforge.families.diffusion.task:DiffusionTask", Path(__file__).parent / "presets",
-                aliases=("dit",))
+                aliases=("dit",), exporters={"diffusers": "genforge.families.diffusion.export:to_diffusers"})

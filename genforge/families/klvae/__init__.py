@@ -5,4 +5,5 @@ from pathlib import Path
 from genforge.core.family import register_family
 from genforge.families.klvae.config import KLVAEConfig
 
-register_family(KLVAEConfig, "genforge.families.klvae.task:KLVAETask", Path(__file__).parent / "presets")
+register_family(KLVAEConfig, "genforge.families.klvae.task:KLVAETask", Path(__file__).parent / "presets",
+                exporters={"diffusers": "genforge.families.klvae.export:to_diffusers"})

@@ -85,3 +85,13 @@ class KLAutoencoder(nn.Module):
     def decode(self, latent: Tensor) -> Tensor:
         """latent [B, latent_channels, h, w] -> image [B, C, h·f, w·f]."""
         return self.vae.decode(latent / self.scale_factor()).sample
+
+    def diffusers_autoencoder(self) -> AutoencoderKL:
+        """A copy of the AutoencoderKL whose config's `scaling_factor` is this codec's scale (the fixed one, or the
+        estimated 1/std): diffusers' `encode(x).latent_dist.mean * scaling_factor` is `encode(x)` and
+        `decode(z / scaling_factor)` is `decode(z)` (a DiffusersAutoencoder, genforge.core.codec)."""
+        # without the private keys: `_use_default_values` would put diffusers' default scaling_factor back
+        config = {k: v for k, v in self.vae.config.items() if not k.startswith("_")}
+        vae = AutoencoderKL.from_config({**config, "scaling_factor": self.scale_factor()})
+        vae.load_state_dict(self.vae.state_dict())  # strict: the same architecture, key for key
+        return vae.to(next(self.vae.parameters()).device).eval()

@@ -5,4 +5,5 @@ from pathlib import Path
 from genforge.core.family import register_family
 from genforge.families.vqgan.config import VQGANConfig
 
-register_family(VQGANConfig, "genforge.families.vqgan.task:VQGANTask", Path(__file__).parent / "presets")
+register_family(VQGANConfig, "genforge.families.vqgan.task:VQGANTask", Path(__file__).parent / "presets",
+                exporters={"diffusers": "genforge.families.vqgan.export:to_diffusers"})
