@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
 from genforge.app.config import load_config
@@ -32,6 +33,8 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 def compiled_runs(tmp_path_factory) -> Path:
     """dit-debug compiled: 4 steps straight; 2 steps, stop, the same command again; and 4 eager steps."""
     root = tmp_path_factory.mktemp("compiled")
+    AcceleratorState._reset_state(reset_partial_state=True)  # module-scoped: before the per-test reset runs
+    GradientState._reset_state()
     trainer = make_trainer(load_config("dit-debug", COMPILED), root / "straight")
     blocks = trainer.task.trained_blocks()
     assert blocks and all(hasattr(block.forward, "_torchdynamo_orig_callable") for block in blocks)
