@@ -12,25 +12,21 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import typer
-from pydantic import ValidationError
 from typer.core import TyperCommand
 
+from genforge.app.api import Run, default_device, load_run, resolve_precision, sampling_options
 from genforge.app.config import ConfigError, RunConfig, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
 from genforge.app.export import EXPORT_RECORD, export_run
-from genforge.app.runs import (FamilyOption, LoadedRun, build_task, check_data_size, count_parameters,
-                               family_sample_options, load_codec, load_run, make_trainer, missing_inputs,
-                               resume_changes, run_family)
+from genforge.app.runs import (FamilyOption, build_task, check_data_size, count_parameters, family_sample_options,
+                               flag, load_codec, make_trainer, missing_inputs, resume_changes, run_family)
 from genforge.core.family import export_targets
-from genforge.core.precision import check_precision
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
 from genforge.data.cache import MANIFEST, manifest_summary
-from genforge.data.images import center_crop_resize, load_rgb, to_tensor
 from genforge.data.moving_shapes import write_moving_shapes_folder, write_moving_shapes_shards
 from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.data.shards import DataError
@@ -40,7 +36,7 @@ from genforge.engine.logging import Progress, write_samples
 from genforge.engine.preemption import Preempted
 from genforge.engine.trainer import TrainingError
 from genforge.eval.distributed import rank_and_world
-from genforge.eval.run import evaluate_task, generate, write_eval_results
+from genforge.eval.run import write_eval_results
 from genforge.text.config import TextEncoderConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -141,20 +137,15 @@ def _check_finite(**values: float | None) -> None:
             _fail(f"--{name.replace('_', '-')} {value}: must be a finite number")
 
 
-def _open_run(run_dir: Path, compile_blocks: bool = False):
+def _open_run(run_dir: Path, compile_blocks: bool = False) -> Run:
     """The run's EMA model on the best device; `compile_blocks`: its blocks compiled (--compile)."""
-    device = "cuda" if _cuda() else "cpu"
     try:
-        run = load_run(run_dir, device=device)
+        run = load_run(run_dir)
     except (ConfigError, ValueError, CheckpointReadError) as err:
         _fail(str(err))
     if compile_blocks:
         run.task.compile_blocks()
-    return run, device
-
-
-def _cuda() -> bool:
-    return torch.cuda.is_available()
+    return run
 
 
 COMPILE_HELP = ("torch.compile the network's blocks (inductor) before sampling: pays on GPUs for many samples; "
@@ -165,18 +156,15 @@ PRECISION_HELP = "no, bf16 or fp16 (fp16: CUDA only): autocast of the network (d
 def _precision(given: str | None, trained: str, device: str) -> str:
     """The precision to run the network in: --precision, else the run's train.precision (exit 2 naming --precision
     for a name this device cannot run)."""
-    precision = given or trained
-    setting = f"--precision {precision}" + ("" if given else " (the default: the run's train.precision)")
     try:
-        check_precision(precision, device, setting)
+        return resolve_precision(given, trained, device, spell=flag)
     except ValueError as err:
         _fail(str(err))
-    return precision
 
 
 class FamilyOptionsCommand(TyperCommand):
     """`sample` and `eval`: besides their own options, the sampling options the families declare
-    (FamilyConfig.sample_options), parsed from the arguments typer leaves (`ctx.args`) by `_family_options`. --help
+    (FamilyConfig.sample_options), parsed from the arguments typer leaves (`ctx.args`) by `_family_args`. --help
     lists those of the run named among the arguments, or without one every family's, each naming its families."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
@@ -186,7 +174,7 @@ class FamilyOptionsCommand(TyperCommand):
     def format_help(self, ctx: Any, formatter: Any) -> None:
         super().format_help(ctx, formatter)
         family = getattr(self, "family", None)
-        rows = [(option, _flag_usage(option)) for option in _command_options(self.name)
+        rows = [(option, _flag_usage(option)) for option in family_sample_options(self.name)
                 if family is None or family in option.families]
         if not rows:
             return
@@ -197,11 +185,6 @@ class FamilyOptionsCommand(TyperCommand):
             wrapped = textwrap.wrap(text, 118 - width) or [""]
             lines += [f"  {usage:<{width}}{wrapped[0]}"] + [" " * (width + 2) + more for more in wrapped[1:]]
         typer.echo("\n".join(lines))
-
-
-def _command_options(command: str | None) -> list[FamilyOption]:
-    """The family options a command takes: all for sample, those marked `eval` for eval."""
-    return [option for option in family_sample_options() if command != "eval" or option.for_eval]
 
 
 def _is_flag(option: FamilyOption) -> bool:
@@ -217,12 +200,11 @@ def _flag_usage(option: FamilyOption) -> str:
     return f"{flag} {'IMAGE' if option.read == 'image' else 'FILE' if option.read else (kinds or ['VALUE'])[0]}"
 
 
-def _family_options(ctx: typer.Context, run: LoadedRun) -> dict[str, Any]:
-    """The family options among the arguments typer left (`--name VALUE`, `--name=VALUE`, `--flag/--no-flag`),
-    validated by the run's family's options model (exit 2 naming the flag); files named by `read: image` / `read:
-    lines` options are read (an image tensor, a list of prompts)."""
-    family = run.config.model.family
-    known = {option.name: option for option in _command_options(ctx.command.name)}
+def _family_args(ctx: typer.Context) -> dict[str, Any]:
+    """The family options among the arguments typer left (`--name VALUE`, `--name=VALUE`, `--flag/--no-flag`), as
+    keyword arguments for `sampling_options`, which validates them against the run's family (exit 2 naming the flag
+    when one is unknown or lacks its value)."""
+    known = {option.name: option for option in family_sample_options(ctx.command.name)}
     args, given = list(ctx.args), {}
     while args:
         token = args.pop(0)
@@ -234,9 +216,6 @@ def _family_options(ctx: typer.Context, run: LoadedRun) -> dict[str, Any]:
         option = known.get(key)
         if option is None:
             _fail(f"--{name}: no such option (see genforge {ctx.command.name} RUN_DIR --help)")
-        if family not in option.families:
-            _fail(f"--{name} does not apply to a {family!r} model (it is an option of {', '.join(option.families)} "
-                  "models)")
         if _is_flag(option):
             given[key] = not negated
         elif value or "=" in token:
@@ -245,20 +224,7 @@ def _family_options(ctx: typer.Context, run: LoadedRun) -> dict[str, Any]:
             given[key] = args.pop(0)
         else:
             _fail(f"--{name} needs a value")
-    try:
-        options = run.config.model.sample_options.model_validate(given)
-    except ValidationError as err:
-        error = err.errors()[0]
-        _fail(f"--{str(error['loc'][0]).replace('_', '-')} {given.get(str(error['loc'][0]))!r}: {error['msg']}")
-    values: dict[str, Any] = {}
-    for key in given:
-        value, option = getattr(options, key), known[key]
-        if option.read == "image":
-            value = _read_image(Path(value), run.config.data.image_size, option.flag)
-        elif option.read == "lines":
-            value = _read_prompts(Path(value), option.flag)
-        values[key] = value
-    return values
+    return given
 
 
 FAMILY_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}  # family options reach ctx.args
@@ -297,12 +263,9 @@ def sample(
         if out.suffix and out.suffix.lower() not in PREVIEW_WRITERS:
             _fail(f"--out {out}: no writer for {out.suffix!r} files; allowed: {', '.join(PREVIEW_WRITERS)}")
         _check_writable(out.parent, "--out")
-    prompt_list = _read_prompts(prompts) if prompts is not None else None
-    if prompt is not None and prompt_list is not None:
-        _fail("--prompt and --prompts: give one of them")
     try:
         _join_process_group()
-        _sample(ctx, run_dir, n, out, seed, precision, compile_, prompts, prompt_list,
+        _sample(ctx, run_dir, n, out, seed, precision, compile_, prompts,
                 {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale, "label": label, "prompt": prompt,
                  "negative_prompt": negative_prompt})
     finally:
@@ -311,28 +274,26 @@ def sample(
 
 
 def _sample(ctx: typer.Context, run_dir: Path, n: int | None, out: Path | None, seed: int, precision: str | None,
-            compile_: bool, prompts: Path | None, prompt_list: list[str] | None, given: dict[str, Any]) -> None:
+            compile_: bool, prompts: Path | None, given: dict[str, Any]) -> None:
     """`genforge sample` once its options are read, on every rank of a process group (rank 0 writes)."""
-    run, device = _open_run(run_dir, compile_)
-    precision = _precision(precision, run.config.train.precision, device)
-    extra = _family_options(ctx, run)
+    run = _open_run(run_dir, compile_)
+    precision = _precision(precision, run.config.train.precision, run.device)
+    try:
+        opts = sampling_options(run.config, "sample", flag, prompts=prompts, **given, **_family_args(ctx))
+    except ValueError as err:
+        _fail(str(err))
     read_files = [Path(a) for a in ctx.args if Path(a).is_file()]  # --prompts and family options' files
     for source in [p for p in [prompts, *read_files] if p is not None and out is not None]:
         if out.with_suffix(".txt").resolve() == source.resolve():  # the captions are written beside the output
             _fail(f"--out {out}: its captions file {out.with_suffix('.txt')} would overwrite {source}; choose "
                   "another --out")
-    text = given["prompt"] is not None or prompt_list is not None or given["negative_prompt"] is not None
-    if text and not run.config.model.takes_prompts():
-        _fail(f"--prompt/--prompts/--negative-prompt: this {run.config.model.family!r} model is not text-conditioned")
-    n = n or (len(prompt_list) if prompt_list else 16)
-    opts = {k: v for k, v in {**given, "prompts": prompt_list, **extra}.items() if v is not None}
     rank, world = rank_and_world()
     bar = Progress("sampling", "samples", enabled=rank == 0, processes=world)
     try:  # on a terminal, also the sampler's bar over its steps
-        images, cond = generate(run.task, n, seed, device, precision=precision, report=bar.report,
-                                progress=bar.on_terminal, **opts)
+        images, cond = run.generate(n, seed, opts, precision, report=bar.report, progress=bar.on_terminal)
     except ValueError as err:
         _fail(str(err))
+    n = len(images)
     bar.finish(f"sampled {n} samples")
     if rank != 0:
         return
@@ -347,27 +308,6 @@ def _sample(ctx: typer.Context, run_dir: Path, n: int | None, out: Path | None, 
     typer.echo(f"wrote {n} samples ({json.dumps(settings)}) to {path}")
     if "text" in cond:
         typer.echo(f"prompts, one per cell in reading order: {path.with_suffix('.txt')}")
-
-
-def _read_image(path: Path, size: int, option: str = "--image") -> torch.Tensor:
-    """An image file as [1, 3, size, size] in [-1, 1], resized and center-cropped like training images (exit 2 when
-    unreadable)."""
-    try:
-        return to_tensor(np.asarray(center_crop_resize(load_rgb(path), size)))[None]
-    except (OSError, ValueError) as err:
-        _fail(f"{option} {path}: cannot read it as an image ({err})")
-
-
-def _read_prompts(path: Path, option: str = "--prompts") -> list[str]:
-    """The non-empty lines of a prompts file (exit 2 when unreadable or empty)."""
-    try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    except (OSError, UnicodeDecodeError) as err:
-        _fail(f"{option} {path}: cannot read it ({err})")
-    prompts = [line for line in lines if line]
-    if not prompts:
-        _fail(f"{option} {path}: no prompts (one per line)")
-    return prompts
 
 
 @app.command("eval", cls=FamilyOptionsCommand, context_settings=FAMILY_ARGS)
@@ -399,19 +339,14 @@ def evaluate(
     _check_finite(cfg_scale=cfg_scale)
     _join_process_group()
     try:
-        run, device = _open_run(run_dir, compile_)
-        precision = _precision(precision, run.config.train.precision, device)
-        names = metrics.split(",") if metrics else run.config.eval.metrics
-        opts = {k: v for k, v in {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale}.items() if v is not None}
-        opts.update(_family_options(ctx, run))
+        run = _open_run(run_dir, compile_)
+        precision = _precision(precision, run.config.train.precision, run.device)
         rank, world = rank_and_world()
         bar = Progress("evaluating", "samples", enabled=rank == 0, processes=world)
         try:
-            run.config.eval.ref = ref or run.config.eval.ref
-            run.config.eval.is_weights = is_weights or run.config.eval.is_weights
-            run.config.eval.i3d_weights = i3d_weights or run.config.eval.i3d_weights
-            results = evaluate_task(run.task, run.config.data, run.config.eval, names, n or run.config.eval.n, seed,
-                                    device, precision=precision, report=bar.report, **opts)
+            opts = sampling_options(run.config, "eval", flag, steps=steps, sampler=sampler, cfg_scale=cfg_scale,
+                                    **_family_args(ctx))
+            results = run.score(metrics, n, seed, opts, precision, ref, is_weights, i3d_weights, report=bar.report)
         except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights, --ref
             _fail(str(err))
     finally:
@@ -421,7 +356,6 @@ def evaluate(
     bar.finish(f"evaluated {results.get('n', n or run.config.eval.n)} samples", scores)
     if not results:  # ranks other than 0
         return
-    results["autocast"] = precision  # not "precision": prdc's result
     out = write_eval_results(run_dir, run.step, results)
     for key, value in results.items():
         if isinstance(value, list):
@@ -471,7 +405,7 @@ def encode(
             _fail(f"--set {item!r}: only data.* keys apply to encode")
     if text_encoder is None and text_encoder_path is not None:
         _fail("--text-encoder-path applies to --text-encoder")
-    device = "cuda" if _cuda() else "cpu"
+    device = default_device()
     _join_process_group()
     rank = rank_and_world()[0]
     try:

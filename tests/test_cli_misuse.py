@@ -42,7 +42,7 @@ def test_unwritable_places_exit_2_naming_them(tmp_path, monkeypatch):
     out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(blocker)])
     assert out.exit_code == 2 and "--run-dir" in out.output
     sampled = []
-    monkeypatch.setattr("genforge.cli.generate", lambda *a, **k: sampled.append(1))
+    monkeypatch.setattr("genforge.app.api.generate", lambda *a, **k: sampled.append(1))
     out = runner.invoke(app, ["sample", str(OLD_RUN), "--out", str(blocker / "grid.png")])
     assert out.exit_code == 2 and "--out" in out.output and not sampled  # refused before sampling
 

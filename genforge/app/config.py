@@ -227,6 +227,11 @@ def format_validation_error(err: ValidationError) -> str:
 def load_config(source: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Preset name or YAML path (None: the default preset) + overrides -> a validated RunConfig."""
     raw, _ = _read_source(source)
+    return config_from_dict(raw, overrides)
+
+
+def config_from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> RunConfig:
+    """A config mapping (e.g. a RunConfig's `model_dump(mode="json")`) + overrides -> a validated RunConfig."""
     raw = parse_overrides(raw, overrides or [])
     try:
         return RunConfig.model_validate(raw)

@@ -91,6 +91,11 @@ def run_family(run_dir: Path | str) -> str | None:
     return family if family in FAMILIES else None
 
 
+def flag(name: str) -> str:
+    """The command-line flag of an option or keyword: start_stage -> --start-stage."""
+    return "--" + name.replace("_", "-")
+
+
 @dataclass(frozen=True)
 class FamilyOption:
     """A sampling option some families declare (FamilyConfig.sample_options): its field name, the pydantic field,
@@ -103,7 +108,7 @@ class FamilyOption:
     @property
     def flag(self) -> str:
         """Its command-line flag: start_stage -> --start-stage."""
-        return "--" + self.name.replace("_", "-")
+        return flag(self.name)
 
     @property
     def read(self) -> str | None:
@@ -116,14 +121,15 @@ class FamilyOption:
         return bool((self.field.json_schema_extra or {}).get("eval"))
 
 
-def family_sample_options() -> list[FamilyOption]:
-    """Every sampling option the registered families declare, once each, in registration order."""
+def family_sample_options(command: str | None = None) -> list[FamilyOption]:
+    """Every sampling option the registered families declare, once each, in registration order; `command` "eval":
+    those evaluation takes too (`FamilyOption.for_eval`)."""
     found: dict[str, FamilyOption] = {}
     for family, spec in FAMILIES.items():
         for name, field in spec.config.sample_options.model_fields.items():
             known = found.get(name)
             found[name] = FamilyOption(name, field, (known.families if known else ()) + (family,))
-    return list(found.values())
+    return [option for option in found.values() if command != "eval" or option.for_eval]
 
 
 def count_parameters(task: Task) -> dict[str, int]:

@@ -83,9 +83,15 @@ def to_tensor(image: Image.Image | np.ndarray) -> torch.Tensor:
     return tensor.movedim(-1, -3)
 
 
+def to_pil(image: torch.Tensor) -> Image.Image:
+    """A float image [C, H, W] in [-1, 1] (C = 3, or 1: grayscale) as a PIL image, the pixels a PNG of it holds."""
+    pixels = to_uint8(image).movedim(0, -1).cpu().numpy()
+    return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
+
+
 def png_bytes(image: torch.Tensor) -> bytes:
     """A float image [3, H, W] in [-1, 1] as PNG file bytes (lossless: `to_tensor` of the decoded file gives it
     back to within the uint8 rounding)."""
     buffer = io.BytesIO()
-    Image.fromarray(to_uint8(image).movedim(0, -1).cpu().numpy()).save(buffer, format="PNG")
+    to_pil(image).save(buffer, format="PNG")
     return buffer.getvalue()

@@ -1,0 +1,244 @@
+"""The Python API: `train` a config, `load_run` a run directory, then `Run.sample` and `Run.evaluate` it.
+
+`genforge sample` and `genforge eval` are built on the same functions (`sampling_options`, `resolve_precision`,
+`Run.generate`, `Run.score`): the CLI parses its flags into these keyword arguments, and its messages spell the
+options as flags (`spell=flag`) where the API's name the keywords.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence, Union
+
+import numpy as np
+import torch
+from PIL import Image
+from pydantic import Field, ValidationError
+from torch import Tensor
+
+from genforge.app import runs
+from genforge.app.config import RunConfig, config_from_dict, load_config
+from genforge.core.config import StrictModel
+from genforge.core.precision import check_precision
+from genforge.core.task import Batch
+from genforge.data.images import center_crop_resize, load_rgb, to_pil, to_tensor
+from genforge.eval.run import Report, evaluate_task, generate, write_eval_results
+
+ImageInput = Union[Image.Image, str, Path, Tensor]  # a PIL image, an image file, or a tensor [k, C, H, W] in [-1, 1]
+Spell = Callable[[str], str]  # how an option's keyword name appears in messages (the CLI: as its flag)
+
+
+class CommonSampleOptions(StrictModel):
+    """The sampling options every family's task reads (the CLI's typer options check the same bounds)."""
+
+    steps: int | None = Field(None, ge=1)
+    sampler: str | None = None
+    cfg_scale: float | None = Field(None, ge=1.0)
+    label: int | None = Field(None, ge=0)
+    prompt: str | None = None
+    negative_prompt: str | None = None
+
+
+def default_device() -> str:
+    """"cuda" when a GPU is available, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def read_image(value: ImageInput, size: int, name: str = "image") -> Tensor:
+    """An image as [k, 3, size, size] in [-1, 1]: a file or PIL image resized and center-cropped like training
+    images; a tensor ([C, H, W] or [k, C, H, W] in [-1, 1]) as it is. ValueError naming `name` when unreadable."""
+    if isinstance(value, Tensor):
+        if value.dim() not in (3, 4):
+            raise ValueError(f"{name}: a tensor [k, C, H, W] in [-1, 1], got shape {tuple(value.shape)}")
+        return (value[None] if value.dim() == 3 else value).float()
+    try:
+        image = value.convert("RGB") if isinstance(value, Image.Image) else load_rgb(value)
+        return to_tensor(np.asarray(center_crop_resize(image, size)))[None]
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{name} {value}: cannot read it as an image ({err})") from None
+
+
+def read_lines(value: str | Path | Sequence[str], name: str = "prompts") -> list[str]:
+    """Prompts: the non-empty lines of a text file, or of a list of strings. ValueError naming `name` when the file
+    is unreadable or no prompt is left."""
+    lines = value
+    if isinstance(value, (str, Path)):
+        try:
+            lines = Path(value).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{name} {value}: cannot read it ({err})") from None
+    prompts = [line.strip() for line in lines if line.strip()]
+    if not prompts:
+        raise ValueError(f"{name} {value}: no prompts (one per line)")
+    return prompts
+
+
+def _validated(model: type[StrictModel], given: dict[str, Any], spell: Spell) -> StrictModel:
+    """`given` validated by `model`; ValueError naming the first bad option, its value and why."""
+    try:
+        return model.model_validate(given)
+    except ValidationError as err:
+        error = err.errors()[0]
+        name = str(error["loc"][0])
+        raise ValueError(f"{spell(name)} {given.get(name)!r}: {error['msg']}") from None
+
+
+def family_options(config: RunConfig, given: dict[str, Any], command: str = "sample", spell: Spell = str
+                   ) -> dict[str, Any]:
+    """The options of the run's family (`FamilyConfig.sample_options`) in `given`, validated by its options model,
+    with the files `read: image` / `read: lines` options name read (a tensor, a list of prompts; a PIL image, a
+    tensor or a list given instead is taken as it is). ValueError naming the option when it is unknown, belongs to
+    other families, or its value is bad."""
+    family = config.model.family
+    known = {option.name: option for option in runs.family_sample_options(command)}
+    for name in given:
+        option = known.get(name)
+        if option is None:
+            ours = [spell(o.name) for o in known.values() if family in o.families]
+            raise ValueError(f"{spell(name)}: no such {command} option; those of {family!r} models: "
+                             f"{', '.join(ours) or 'none'}")
+        if family not in option.families:
+            raise ValueError(f"{spell(name)} does not apply to a {family!r} model (it is an option of "
+                             f"{', '.join(option.families)} models)")
+    loaded = {k: v for k, v in given.items() if known[k].read and not isinstance(v, (str, Path))}
+    options = _validated(config.model.sample_options, {k: v for k, v in given.items() if k not in loaded}, spell)
+    values: dict[str, Any] = {}
+    for key in given:
+        value = loaded[key] if key in loaded else getattr(options, key)
+        if known[key].read == "image":
+            value = read_image(value, config.data.image_size, spell(key))
+        elif known[key].read == "lines":
+            value = read_lines(value, spell(key))
+        values[key] = value
+    return values
+
+
+def sampling_options(config: RunConfig, command: str = "sample", spell: Spell = str, *,
+                     prompts: str | Path | Sequence[str] | None = None, **given: Any) -> dict[str, Any]:
+    """The keyword arguments a run's task samples with (those not None of `given`): the common ones (steps, sampler,
+    cfg_scale, label, prompt, negative_prompt; `prompts`, a file or a list, read to a list) validated, the family's
+    by `family_options`. ValueError naming the option (spelled by `spell`)."""
+    given = {k: v for k, v in given.items() if v is not None}
+    common = {k: v for k, v in given.items() if k in CommonSampleOptions.model_fields}
+    _validated(CommonSampleOptions, common, spell)
+    if "prompt" in given and prompts is not None:
+        raise ValueError(f"{spell('prompt')} and {spell('prompts')}: give one of them")
+    if prompts is not None:
+        common["prompts"] = read_lines(prompts, spell("prompts"))
+    if {"prompt", "prompts", "negative_prompt"} & set(common) and not config.model.takes_prompts():
+        raise ValueError(f"{spell('prompt')}/{spell('prompts')}/{spell('negative_prompt')}: this "
+                         f"{config.model.family!r} model is not text-conditioned")
+    family = {k: v for k, v in given.items() if k not in CommonSampleOptions.model_fields}
+    return {**common, **family_options(config, family, command, spell)}
+
+
+def resolve_precision(given: str | None, trained: str, device: str | torch.device, spell: Spell = str) -> str:
+    """The autocast precision to run a network in: `given` ("no", "bf16", "fp16"), else the run's train.precision
+    (`trained`); ValueError naming it when `device` cannot run it."""
+    precision = given or trained
+    setting = f"{spell('precision')} {precision}" + ("" if given else " (the default: the run's train.precision)")
+    check_precision(precision, device, setting)
+    return precision
+
+
+def to_pil_images(samples: Tensor) -> list[Image.Image] | list[list[Image.Image]]:
+    """Samples in [-1, 1] as PIL images: [n, C, H, W] -> n images; clips [n, C, T, H, W] -> n lists of T frames."""
+    if samples.dim() == 5:
+        return [[to_pil(frame) for frame in clip.unbind(1)] for clip in samples]
+    return [to_pil(image) for image in samples]
+
+
+@dataclass(repr=False)
+class Run(runs.LoadedRun):
+    """A trained run opened for sampling and evaluation: `config` (RunConfig), `task` (the model, EMA weights by
+    default, in eval mode), `step` and `checkpoint` (the newest checkpoint that verifies), on `device`."""
+
+    path: Path
+    device: str
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, family={self.family!r}, step={self.step}, device={self.device!r})"
+
+    @property
+    def family(self) -> str:
+        """The model family, e.g. "diffusion", "maskgit"."""
+        return self.config.model.family
+
+    def generate(self, n: int | None, seed: int, options: dict[str, Any], precision: str = "no",
+                 report: Report | None = None, **extra: Any) -> tuple[Tensor, Batch]:
+        """`n` samples (default 16, or one per prompt of options["prompts"]) drawn with `options` (as
+        `sampling_options` makes them) under the resolved `precision`, and their conditions: float32 on the CPU in
+        [-1, 1]. In a process group every rank calls it and gets all `n` (eval.run.generate)."""
+        n = n or (len(options["prompts"]) if "prompts" in options else 16)
+        return generate(self.task, n, seed, self.device, precision=precision, report=report, **extra, **options)
+
+    def score(self, metrics: str | Sequence[str] | None, n: int | None, seed: int, options: dict[str, Any],
+              precision: str = "no", ref: str | None = None, is_weights: str | None = None,
+              i3d_weights: str | None = None, report: Report | None = None) -> dict[str, Any]:
+        """The `metrics` (names, or comma-separated; default eval.metrics) on `n` (default eval.n) samples drawn with
+        `options`, or a tokenizer's reconstructions; `ref`, `is_weights`, `i3d_weights` replace the run's eval
+        settings. Results include the sampler settings and "autocast" (the precision); {} on ranks other than 0."""
+        names = metrics.split(",") if isinstance(metrics, str) else list(metrics or self.config.eval.metrics)
+        settings = {"ref": ref, "is_weights": is_weights, "i3d_weights": i3d_weights}
+        eval_cfg = self.config.eval.model_copy(update={k: v for k, v in settings.items() if v is not None})
+        results = evaluate_task(self.task, self.config.data, eval_cfg, names, n or self.config.eval.n, seed,
+                                self.device, precision=precision, report=report, **options)
+        if results:
+            results["autocast"] = precision  # not "precision": prdc's result
+        return results
+
+    def sample(self, n: int | None = None, seed: int = 0, *, steps: int | None = None, sampler: str | None = None,
+               cfg_scale: float | None = None, label: int | None = None, prompt: str | None = None,
+               prompts: str | Path | Sequence[str] | None = None, negative_prompt: str | None = None,
+               image: ImageInput | None = None, frames: int | None = None, precision: str | None = None,
+               output: Literal["tensor", "pil"] = "tensor", **family_options: Any
+               ) -> Tensor | list[Image.Image] | list[list[Image.Image]]:
+        """`n` samples (default 16, or one per prompt of `prompts`), reproducible from `seed` and the same as
+        `genforge sample` draws with these options. `output="tensor"`: float32 on the CPU in [-1, 1], [n, C, H, W]
+        (clips [n, C, T, H, W]); "pil": a list of n images (clips: lists of frames). `image` (dalle2_decoder),
+        `frames` (phenaki) and `family_options` are the family's options (`genforge sample RUN --help`);
+        ValueError naming an option that is bad or not the family's."""
+        if output not in ("tensor", "pil"):
+            raise ValueError(f"output {output!r}: allowed 'tensor', 'pil'")
+        options = sampling_options(self.config, steps=steps, sampler=sampler, cfg_scale=cfg_scale, label=label,
+                                   prompt=prompt, prompts=prompts, negative_prompt=negative_prompt, image=image,
+                                   frames=frames, **family_options)
+        precision = resolve_precision(precision, self.config.train.precision, self.device)
+        samples, _ = self.generate(n, seed, options, precision)
+        return samples if output == "tensor" else to_pil_images(samples)
+
+    def evaluate(self, metrics: str | Sequence[str] | None = None, n: int | None = None, seed: int = 0, *,
+                 steps: int | None = None, sampler: str | None = None, cfg_scale: float | None = None,
+                 precision: str | None = None, ref: str | None = None, is_weights: str | None = None,
+                 i3d_weights: str | None = None, write: bool = False, **family_options: Any) -> dict[str, Any]:
+        """Scores of the run, as `genforge eval` computes them (see `score`); `write`: also written to
+        run_dir/eval/<step>.json as `genforge eval` does. Family options: those `genforge eval RUN --help` lists."""
+        options = sampling_options(self.config, "eval", steps=steps, sampler=sampler, cfg_scale=cfg_scale,
+                                   **family_options)
+        precision = resolve_precision(precision, self.config.train.precision, self.device)
+        results = self.score(metrics, n, seed, options, precision, ref, is_weights, i3d_weights)
+        if write and results:
+            write_eval_results(self.path, self.step, results)
+        return results
+
+
+def load_run(path: str | Path, device: str | torch.device | None = None, ema: bool = True) -> Run:
+    """Open a run directory: its config and the newest checkpoint that verifies, EMA weights (`ema=False`: the live
+    ones), on `device` (default: "cuda" when available, else "cpu"). ConfigError / CheckpointReadError when it is not
+    a run or has no usable checkpoint."""
+    device = str(device or default_device())
+    loaded = runs.load_run(Path(path), device, ema)
+    return Run(loaded.config, loaded.task, loaded.step, loaded.checkpoint, Path(path), device)
+
+
+def train(config: str | Path | RunConfig | None = None, overrides: Sequence[str] = (),
+          run_dir: str | Path | None = None, fresh: bool = False) -> Path:
+    """Train `config` (a preset name, a YAML file or a RunConfig; None: the default preset) with `overrides`
+    ("train.lr=3e-4", ...) into `run_dir` (default runs/<name>), resuming from its latest checkpoint (`fresh`: a new
+    run directory beside it). Returns the run directory. ConfigError names a bad setting."""
+    if isinstance(config, RunConfig):
+        cfg = config_from_dict(config.model_dump(mode="json"), list(overrides))
+    else:
+        cfg = load_config(None if config is None else str(config), list(overrides))
+    return runs.make_trainer(cfg, Path(run_dir) if run_dir else Path("runs") / cfg.name, fresh=fresh).fit()
