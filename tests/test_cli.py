@@ -73,6 +73,7 @@ def test_train_sample_eval_end_to_end(tmp_path, monkeypatch):
     from genforge.eval import metrics as metrics_module
 
     monkeypatch.setattr(metrics_module, "feature_network", lambda device: TinyFeatures())
+    monkeypatch.setenv("GENFORGE_CACHE", str(tmp_path / "cache"))  # other tests may have cached these statistics
     out = runner.invoke(app, ["eval", str(run), "--metrics", "fid,kid,judge", "--n", "8", "--steps", "2"])
     assert out.exit_code == 0, out.output
     assert "reference statistics: computed" in out.stderr and "fid:" in out.stdout
