@@ -22,7 +22,7 @@ from genforge.app.config import ConfigError, RunConfig, list_presets, load_confi
 from genforge.app.encode import encode_dataset
 from genforge.app.export import EXPORT_RECORD, export_run
 from genforge.app.runs import (FamilyOption, build_task, check_data_size, count_parameters, family_sample_options,
-                               flag, load_codec, make_trainer, missing_inputs, resume_changes, run_family)
+                               flag, load_any_codec, make_trainer, missing_inputs, resume_changes, run_family)
 from genforge.core.family import export_targets
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
@@ -377,10 +377,12 @@ def _join_process_group() -> None:
 @app.command()
 def encode(
     tokenizer: Annotated[Path, typer.Argument(help="run directory of a trained tokenizer or image embedder (a run "
-                                                   "whose family has a codec)")],
+                                                   "whose family has a codec), or a diffusers AutoencoderKL or "
+                                                   "VQModel folder")],
     out: Annotated[Path, typer.Option(help="cache folder to write (must not exist, or be empty)")],
-    data: Annotated[Optional[str], typer.Option(help="preset or YAML whose data section is encoded "
-                                                     "(default: the tokenizer run's config.yaml)")] = None,
+    data: Annotated[Optional[str], typer.Option(help="preset or YAML whose data section is encoded (default: the "
+                                                     "tokenizer run's config.yaml; required for a diffusers "
+                                                     "folder)")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="data override, e.g. data.shapes.n=5000")] = None,
     flip: Annotated[Optional[bool], typer.Option("--flip/--no-flip", help="also store the flipped images' codes "
                                                                           "(default: data.flip)")] = None,
@@ -412,8 +414,12 @@ def encode(
         text = None
         if text_encoder is not None:
             text = TextEncoderConfig(kind=text_encoder, path=text_encoder_path, max_length=text_max_length)
-        codec, info = load_codec(tokenizer, device)
-        precision = _precision(precision, load_config(str(tokenizer / "config.yaml")).train.precision, device)
+        codec, info = load_any_codec(tokenizer, device)
+        run_config = None if info.source == "diffusers" else load_config(str(tokenizer / "config.yaml"))
+        if run_config is None and data is None:
+            _fail(f"--data: {tokenizer} is a diffusers folder, which names no data set; give a preset or YAML "
+                  "whose data section to encode, e.g. --data dit-shapes")
+        precision = _precision(precision, run_config.train.precision if run_config else "no", device)
         cfg = load_config(data or str(tokenizer / "config.yaml"), overrides)
         manifest = encode_dataset(codec, info, cfg.data, out, flip=cfg.data.flip if flip is None else flip,
                                   batch_size=batch_size, shard_size=shard_size, device=device, progress=True,

@@ -18,9 +18,10 @@ from pydantic.fields import FieldInfo
 from torch import nn
 
 from genforge.app.config import RunConfig, load_config, to_yaml
-from genforge.core.codec import CODE_KINDS, CodecInfo, codec_kind
+from genforge.core.codec import CODE_KINDS, CodecInfo, InputRun, check_references, codec_kind
 from genforge.core.config import ConfigChange, ConfigError, config_changes
-from genforge.core.family import BuildContext, canonical_family
+from genforge.core.family import BuildContext, canonical_family, diffusers_codec_loader
+from genforge.core.files import folder_sha256
 from genforge.core.registry import FAMILIES
 from genforge.core.task import Task
 from genforge.data.base import DataInfo
@@ -29,6 +30,7 @@ from genforge.data.loader import HeldOutData, build_dataset, check_enough_sample
 from genforge.engine.checkpoint import (CheckpointDir, CheckpointReadError, expected_tensors, newest_usable,
                                         read_json, read_weights, verify_checkpoint, weights_hash)
 from genforge.engine.trainer import Trainer, TrainingRun
+from genforge.nn.frozen import Frozen
 
 # which families' runs make each kind of codes, from the roles their configs declare (genforge.eval.metrics)
 MAKES_CODES = {"latent": lambda roles: "tokenizer" in roles and "discrete" not in roles,
@@ -59,10 +61,12 @@ def build_task(cfg: RunConfig, info: DataInfo | None = None, device: torch.devic
     needs, e.g. its classes), with its input runs' codecs loaded; built on `device` (default: the current one)."""
     info = info or scan_data_info(cfg.data)
     with torch.device(device) if device is not None else torch.device(torch.get_default_device()):
-        codecs = {field: load_input_codec(run.path, field, run.kind, cfg.model.family, info, cfg.data.path)
+        codecs = {field: load_input_codec(run, field, cfg.model.family, info, cfg.data.path)
                   for field, run in cfg.model.input_runs().items()}
         ctx = BuildContext(cfg.data, info, codecs, heldout=HeldOutData(cfg.data), pixel_data=image_data(cfg.data))
         task = FAMILIES.get(cfg.model.family).builder()(cfg.model, ctx)
+    task.input_references = {field: codec_reference(codec_info) for field, (_, codec_info) in codecs.items()
+                             if codec_info.source == "diffusers"}
     if cfg.model.grad_checkpointing:
         task.checkpoint_activations()
     return task
@@ -75,7 +79,7 @@ def missing_inputs(cfg: RunConfig) -> list[str]:
     if cfg.data.source == "cache" and not (Path(cfg.data.path) / "cache.json").is_file():
         missing.append(f"data.path={cfg.data.path} (written by `genforge encode`)")
     for field, run in cfg.model.input_runs().items():
-        if not (Path(run.path) / "checkpoints" / "latest").is_file():
+        if run.source == "run" and not (Path(run.path) / "checkpoints" / "latest").is_file():
             missing.append(f"{field}={run.path} (a trained run)")
     return missing
 
@@ -182,6 +186,7 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
         print(f"genforge: warning: skipping {path.name}: {why}; using {ckpt.name}", file=sys.stderr)
     state = read_json(ckpt / "trainer_state.json")
     task = task_of(ckpt)
+    check_references(state.get("inputs", {}), task.input_references, ckpt)
     if torch.device(device).type != "meta":
         missing, unexpected = task.load_state_dict(read_weights(ckpt, "model", str(device)), strict=False)
         if missing or unexpected:
@@ -220,20 +225,68 @@ def load_codec(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple
     return codec, info
 
 
-def load_input_codec(run_dir: str, field: str, kind: str, family: str, data: DataInfo,
-                     cache_path: str | None) -> tuple[nn.Module, CodecInfo]:
-    """The frozen codec of the tokenizer run a generator of `family` is built on, from the config field `field`: it
-    must make `kind` ("latent" or "tokens"), and when the data is a cache, be the one that wrote it. Errors name
-    the field."""
+def load_diffusers_codec(folder: Path | str, device: torch.device | str = "cpu") -> tuple[nn.Module, CodecInfo]:
+    """The frozen codec of a diffusers model folder (save_pretrained: an AutoencoderKL or a VQModel, read by the
+    family that registers its class, `FamilySpec.codec_loaders`) and where it comes from: `encoder_hash` is the
+    folder's content hash (core.files.folder_sha256). ConfigError when it is not such a folder."""
+    folder = Path(folder).resolve()
     try:
-        codec, info = load_codec(run_dir, device=torch.get_default_device())
-    except (ConfigError, CheckpointReadError) as err:
-        raise ConfigError(f"{field}: {err}") from None
-    if info.kind != kind:
-        raise ValueError(f"{field}={run_dir} is a {info.family!r} tokenizer of {CODE_KINDS[info.kind]}; "
-                         f"model.family={family} models {CODE_KINDS[kind]} (use {runs_making(kind)})")
-    check_cache(data, info, cache_path)
+        class_name = json.loads((folder / "config.json").read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError) as err:
+        reason = "it does not exist" if not folder.exists() else f"no readable config.json ({err})"
+        raise ConfigError(f"{folder} is not a diffusers model folder: {reason}") from None
+    try:
+        with torch.device(device):
+            codec = diffusers_codec_loader(str(class_name))(folder)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{folder} ({class_name}): {err}") from None
+    codec.to(device).eval().requires_grad_(False)
+    kind = codec_kind(codec)
+    config = json.loads((folder / "config.json").read_text())
+    info = CodecInfo(kind=kind, run_dir=str(folder), family=f"diffusers {class_name}", step=0,
+                     checkpoint=str(folder), encoder_hash=folder_sha256(folder),
+                     channels=int(codec.latent_channels) if kind == "latent" else 0,
+                     codebook_size=int(codec.codebook_size) if kind == "tokens" else 0,
+                     downsample=int(codec.downsample), image_size=int(config.get("sample_size") or 0),
+                     source="diffusers")
     return codec, info
+
+
+def codec_reference(info: CodecInfo) -> dict[str, str]:
+    """What a checkpoint keeps of a codec it refers to instead of copying (Task.input_references)."""
+    return {"path": info.run_dir, "sha256": info.encoder_hash, "class": info.family.removeprefix("diffusers ")}
+
+
+def load_any_codec(path: Path | str, device: torch.device | str = "cpu") -> tuple[nn.Module, CodecInfo]:
+    """The frozen codec of a tokenizer run (a folder with config.yaml) or of a diffusers model folder (config.json),
+    what `genforge encode` takes."""
+    if not (Path(path) / "config.yaml").is_file() and (Path(path) / "config.json").is_file():
+        return load_diffusers_codec(path, device)
+    return load_codec(path, device)
+
+
+def load_input_codec(run: InputRun, field: str, family: str, data: DataInfo,
+                     cache_path: str | None) -> tuple[nn.Module, CodecInfo]:
+    """The frozen codec a generator of `family` is built on, from the config field `field`: a tokenizer run's (a
+    submodule: the generator's checkpoints keep a copy) or a diffusers folder's (held outside the module tree as
+    `Frozen`: the checkpoints refer to it). It must make `run.kind` codes, and when the data is a cache, be the
+    codec that wrote it. Errors name the field."""
+    try:
+        if run.source == "diffusers":
+            codec, info = load_diffusers_codec(run.path, device=torch.get_default_device())
+        else:
+            codec, info = load_codec(run.path, device=torch.get_default_device())
+    except (ConfigError, CheckpointReadError) as err:
+        keep = (f"; a run built on a diffusers folder refers to it instead of copying its weights: keep it in place, "
+                f"or point {field} at where it is now") if run.source == "diffusers" else ""
+        raise ConfigError(f"{field}: {err}{keep}") from None
+    if info.kind != run.kind:
+        use = runs_making(run.kind) + (", or a diffusers AutoencoderKL folder" if run.kind == "latent" else
+                                       ", or a diffusers VQModel folder" if run.kind == "tokens" else "")
+        raise ValueError(f"{field}={run.path} is a {info.family!r} tokenizer of {CODE_KINDS[info.kind]}; "
+                         f"model.family={family} models {CODE_KINDS[run.kind]} (use {use})")
+    check_cache(data, info, cache_path)
+    return (Frozen(codec) if run.source == "diffusers" else codec), info
 
 
 def training_run(cfg: RunConfig) -> TrainingRun:

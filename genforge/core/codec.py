@@ -2,16 +2,18 @@
 
 A tokenizer family hands its encoder/decoder out through `Task.codec()`: continuous ones (klvae) implement
 `LatentCodec`, discrete ones (dvae, vqgan) `TokenCodec`. A generator built on a tokenizer run names it in its
-config (`FamilyConfig.input_runs`: an `InputRun` per field); the application layer loads the run's frozen codec
-and hands it, with its `CodecInfo`, to the family's builder. Parameter-free stand-ins live in genforge.tokenizers.standins.
+config (`FamilyConfig.input_runs`: an `InputRun` per field; or a diffusers AutoencoderKL / VQModel folder); the
+application layer loads the frozen codec and hands it, with its `CodecInfo`, to the family's builder. Parameter-free stand-ins live in genforge.tokenizers.standins.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from torch import Tensor
+
+from genforge.core.errors import ConfigError
 
 CODE_KINDS = {"latent": "continuous latents", "tokens": "discrete tokens", "image_embed": "image embeddings"}
 
@@ -86,10 +88,13 @@ def codec_kind(codec: object) -> str | None:
 
 @dataclass(frozen=True)
 class InputRun:
-    """A run a model is built from: its directory, and the codes its codec must make ("latent" or "tokens")."""
+    """What a model is built from: a genforge run directory (`source` "run"; the model's checkpoints keep a copy of
+    its codec's weights) or a diffusers model folder (`source` "diffusers"; the checkpoints refer to it by path and
+    content hash, `Task.input_references`), and the codes its codec must make ("latent", "tokens", "image_embed")."""
 
     path: str
     kind: str
+    source: str = "run"
 
 
 @dataclass(frozen=True)
@@ -98,12 +103,28 @@ class CodecInfo:
 
     kind: str  # "latent" (LatentCodec: float [B, C, h, w]), "tokens" (TokenCodec: long ids [B, h, w]) or
     # "image_embed" (ImageEmbedder: float [B, D], D in `channels`)
-    run_dir: str  # absolute path of the tokenizer's run directory
-    family: str
+    run_dir: str  # absolute path of the tokenizer's run directory (or of the diffusers folder)
+    family: str  # the family of the run (a diffusers folder: "diffusers <class name>")
     step: int
     checkpoint: str  # the checkpoint folder the weights come from
-    encoder_hash: str  # sha256 of that checkpoint's ema.safetensors
+    encoder_hash: str  # sha256 of that checkpoint's ema.safetensors (a diffusers folder: core.files.folder_sha256)
     channels: int  # latent channels or the embedding width D (0 for tokens)
     codebook_size: int  # (0 for latents)
     downsample: int  # pixels per latent or token, along each side (0 for image embeddings)
-    image_size: int  # the tokenizer's training resolution (data.image_size)
+    image_size: int  # the tokenizer's training resolution (data.image_size; a diffusers folder: its sample_size)
+    source: str = "run"  # "run" or "diffusers" (InputRun.source)
+
+
+def check_references(saved: Mapping[str, Mapping[str, str]], current: Mapping[str, Mapping[str, str]],
+                     where: Any) -> None:
+    """ConfigError (exit 2) when a frozen input that the checkpoint `where` refers to (trainer_state.json's
+    "inputs": config field -> {"path", "sha256", "class"}) is not the one the task holds now (`current`,
+    Task.input_references): its folder's content changed, or the field no longer names one."""
+    for field, ref in saved.items():
+        now = current.get(field)
+        if now is None or now["sha256"] != ref["sha256"]:
+            found = f"{now['path']} has content sha256 {now['sha256'][:16]}…" if now else "none is configured now"
+            raise ConfigError(f"{field}: {where} was made with the {ref['class']} folder {ref['path']} (content "
+                              f"sha256 {ref['sha256'][:16]}…), but {found}: the folder was changed or replaced. "
+                              "The run's checkpoints refer to that folder instead of holding its weights: put the "
+                              f"original back, or point {field} in the run's config.yaml at a copy of it")

@@ -38,8 +38,9 @@ class BuildContext:
 @dataclass(frozen=True)
 class FamilySpec:
     """A family: its config class (whose `family` Literal is the name), the builder of its Task, and the folder of
-    its presets (*.yaml, listed by `genforge presets`), and its exporters by target format (`genforge export RUN
-    --to TARGET`, genforge.core.export). The builder and the exporters may be named "package.module:attribute",
+    its presets (*.yaml, listed by `genforge presets`), its exporters by target format (`genforge export RUN
+    --to TARGET`, genforge.core.export), and its codec loaders by diffusers class (a generator's `codec: diffusers`
+    folder, read as this family's codec). The builder, exporters and loaders may be named "package.module:attribute",
     so that validating a config or listing presets does not import the family's model code and its heavy
     dependencies (diffusers, vector-quantize-pytorch) until a task is built or exported."""
 
@@ -49,6 +50,8 @@ class FamilySpec:
     presets: Path | None = None
     aliases: tuple[str, ...] = ()  # former names: a config or run that says one means this family
     exporters: dict[str, Exporter | str] = field(default_factory=dict, hash=False)  # target -> exporter
+    # a diffusers model class whose save_pretrained folders this family's codec reads -> loader(folder) -> codec
+    codec_loaders: dict[str, Callable[[Path], Any] | str] = field(default_factory=dict, hash=False)
 
     def builder(self) -> Callable[[Any, BuildContext], Any]:
         """The builder, imported on first use when it is named by a string."""
@@ -63,6 +66,10 @@ class FamilySpec:
                               f"{', '.join(others) or 'none'}")
         return _resolve(self.exporters[target])
 
+    def codec_loader(self, class_name: str) -> Callable[[Path], Any]:
+        """The loader of diffusers `class_name` folders (imported on first use when named by a string)."""
+        return _resolve(self.codec_loaders[class_name])
+
 
 def _resolve(entry: Callable[..., Any] | str) -> Callable[..., Any]:
     """A callable, or the one a "package.module:attribute" string names (imported now)."""
@@ -74,19 +81,32 @@ def _resolve(entry: Callable[..., Any] | str) -> Callable[..., Any]:
 
 def register_family(config: type[FamilyConfig], build: Callable[[Any, BuildContext], Any] | str,
                     presets: Path | None = None, aliases: tuple[str, ...] = (),
-                    exporters: dict[str, Exporter | str] | None = None) -> FamilySpec:
+                    exporters: dict[str, Exporter | str] | None = None,
+                    codec_loaders: dict[str, Callable[[Path], Any] | str] | None = None) -> FamilySpec:
     """Register a family under the name its config's `family` field defaults to; `aliases` are former names that
     configs and run directories may still use (`canonical_family`); `exporters` maps a target format
-    ("diffusers") to the family's exporter (genforge.core.export.Exporter)."""
+    ("diffusers") to the family's exporter (genforge.core.export.Exporter); `codec_loaders` maps a diffusers model
+    class ("AutoencoderKL") to a function that reads a save_pretrained folder of it into the family's frozen codec."""
     name = config.model_fields["family"].default
     if not isinstance(name, str):
         raise ValueError(f"{config.__name__}.family needs a default: the family's name")
-    return FAMILIES.register(name, FamilySpec(name, config, build, presets, tuple(aliases), dict(exporters or {})))
+    return FAMILIES.register(name, FamilySpec(name, config, build, presets, tuple(aliases), dict(exporters or {}),
+                                              dict(codec_loaders or {})))
 
 
 def export_targets() -> list[str]:
     """Every target format some registered family exports to, in registration order."""
     return list(dict.fromkeys(target for _, spec in FAMILIES.items() for target in spec.exporters))
+
+
+def diffusers_codec_loader(class_name: str) -> Callable[[Path], Any]:
+    """The loader of a diffusers model class some family reads as its codec; ConfigError listing the classes that
+    load when none reads `class_name`."""
+    for _, spec in FAMILIES.items():
+        if class_name in spec.codec_loaders:
+            return spec.codec_loader(class_name)
+    known = [name for _, spec in FAMILIES.items() for name in spec.codec_loaders]
+    raise ConfigError(f"a diffusers {class_name} is not a codec genforge reads; it reads {', '.join(known)}")
 
 
 def canonical_family(name: str) -> str:

@@ -33,6 +33,16 @@ def files_sha256(paths: list[Path]) -> str:
     return hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in paths).encode()).hexdigest()
 
 
+def folder_sha256(folder: Path) -> str:
+    """One sha256 over every file under `folder` but hidden ones: their paths relative to it and their contents'
+    sha256, in sorted order (what a model folder is, e.g. a diffusers `save_pretrained` folder)."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return hashlib.sha256("".join(f"{p.relative_to(folder).as_posix()}:{file_sha256(p)}\n"
+                                  for p in files).encode()).hexdigest()
+
+
 def fsync_tree(root: Path) -> None:
     """fsync every file and folder under `root` (before renaming it into place)."""
     for path in sorted(root.rglob("*")):

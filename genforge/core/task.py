@@ -8,7 +8,8 @@ with its own optimizer.
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Protocol, TypedDict
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Protocol, TypedDict
 
 import torch
 import torch._dynamo
@@ -133,6 +134,11 @@ class Task(nn.Module):
         """Tokenizer families: the encoder/decoder (a `LatentCodec` or `TokenCodec` of genforge.tokenizers.standins, with
         the weights `ema_module` averages) that `genforge encode` and generators use. Generators: None."""
         return None
+
+    # Frozen inputs that the task's checkpoints refer to instead of holding their weights (a diffusers codec
+    # folder), by config field: {"path", "sha256", "class"}. Set by the application layer when it builds the task;
+    # the trainer writes it into every trainer_state.json ("inputs") and refuses to resume when it changed.
+    input_references: Mapping[str, Mapping[str, str]] = MappingProxyType({})
 
     def state_for_checkpoint(self) -> dict[str, Any]:
         """JSON-serialisable schedule state the family owns (e.g. a Gumbel temperature)."""

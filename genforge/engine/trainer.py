@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from genforge.core.codec import check_references
 from genforge.core.config import ConfigChange, ConfigError, DataConfig, EvalConfig, LogConfig, TrainConfig
 from genforge.core.files import write_atomically
 from genforge.core.precision import check_precision
@@ -349,6 +350,7 @@ class Trainer:
             "data_slots": getattr(self.dataset, "slots", None),  # a stream's processes x workers
             "family_state": self.task.state_for_checkpoint(),
             "data_info": asdict(self.data_info),
+            "inputs": {field: dict(ref) for field, ref in self.task.input_references.items()},  # referred to
             "eval": self.last_eval if self.last_eval.get("step") == self.step else None,
             "optim_files": optim_files,  # what verify_checkpoint requires in optim/
         }
@@ -452,6 +454,7 @@ class Trainer:
         if unknown:
             raise ValueError(f"unknown state pieces {sorted(unknown)}; known: {', '.join(STATE_PIECES)}")
         state = read_json(path / "trainer_state.json")
+        check_references(state.get("inputs", {}), self.task.input_references, path)
         # weights of a phase added since the checkpoint (e.g. a token critic after its generator) start fresh
         new_phases = [p for p in self.task.phase_names() if not (path / "optim" / f"{p}.json").exists()]
         fresh = {id(p) for phase in new_phases for p in self.task.parameters_for(phase)}

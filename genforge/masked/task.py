@@ -17,6 +17,7 @@ from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.masked.config import MaskedTokenConfig
 from genforge.masked.masking import decode, guided_logits, hidden_count, training_mask
 from genforge.masked.transformer import MaskTransformer, MaskTransformerBlock
+from genforge.nn.frozen import held_on
 from genforge.text.encoders import attach_text_encoder, build_text_encoder, use_cached_text_embeds
 from genforge.tokenizers.standins import build_standin
 
@@ -74,10 +75,10 @@ class MaskedTokenTask(Task):
     def _build_codec(cfg: MaskedTokenConfig, ctx: BuildContext) -> tuple[nn.Module, str]:
         """The token codec of `model.tokens` (the stand-in, or the tokenizer run's, loaded by the application) and
         where its grid and vocabulary come from, for messages."""
-        if cfg.tokens.codec != "tokenizer":
+        if not cfg.tokens.loaded:
             return build_standin(cfg.tokens), "model.tokens.factor/levels"
-        codec, _ = ctx.codecs["model.tokens.tokenizer"]
-        return codec, f"the tokenizer {cfg.tokens.tokenizer}"
+        codec, _ = ctx.codecs[cfg.tokens.source_field]
+        return codec, f"the tokenizer {cfg.tokens.source_path}"
 
     def ema_module(self) -> nn.Module:
         return self.model
@@ -129,7 +130,7 @@ class MaskedTokenTask(Task):
             return ids
         with torch.no_grad():
             pixels = batch["video"] if "video" in batch else batch["image"]
-            return self.token_codec.encode(pixels).flatten(1)  # [B, h, w] or [B, t, h, w] -> [B, N]
+            return held_on(self.token_codec, pixels.device).encode(pixels).flatten(1)  # [B, (t,) h, w] -> [B, N]
 
     # ------------------------------------------------------------------------------------------ training
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
@@ -257,7 +258,7 @@ class MaskedTokenTask(Task):
                      temperature=self.cfg.temperature, choice_temperature=self.cfg.choice_temperature,
                      schedule=self.cfg.mask_schedule, initial=None if initial is None else initial.flatten(1),
                      critic=critic_fn, critic_noise=s.get("critic_noise", 0.0))
-        images = self.token_codec.decode(ids.view(shape))  # [B, C, H, W] or [B, C, T, H, W]
+        images = held_on(self.token_codec, ids.device).decode(ids.view(shape))  # [B, C, H, W] or [B, C, T, H, W]
         return images.float().clamp(-1, 1)
 
 

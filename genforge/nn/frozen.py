@@ -44,3 +44,10 @@ class Frozen(Generic[M]):
 
     def __repr__(self) -> str:
         return f"Frozen({type(self.module).__name__})"
+
+
+def held_on(module: nn.Module | Frozen, device: torch.device | str) -> nn.Module:
+    """The network of a submodule or of a `Frozen` holder, on `device` (a submodule is moved with its owner; a held
+    one follows its inputs). Where the application decides how a frozen input is kept (a codec: a copy in the
+    checkpoints, or a reference), the task reaches it through this."""
+    return module.on(device) if isinstance(module, Frozen) else module

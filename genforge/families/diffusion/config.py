@@ -56,10 +56,11 @@ class DiffusionModelConfig(FamilyConfig):
             raise ValueError(
                 f"model.hidden_size={dims['hidden_size']} must be divisible by model.num_heads={dims['num_heads']}"
             )
-        tokenizer = self.latent is not None and self.latent.codec == "tokenizer"
+        tokenizer = self.latent is not None and self.latent.loaded
         if data.source == "cache" and not tokenizer:
-            raise ValueError("data.source=cache needs model.latent.codec=tokenizer and model.latent.tokenizer set "
-                             "to the tokenizer run that wrote the cache (it decodes the samples)")
+            raise ValueError("data.source=cache needs model.latent.codec=tokenizer (model.latent.tokenizer: the run) "
+                             "or diffusers (model.latent.pretrained: the folder), the codec that wrote the cache "
+                             "(it decodes the samples)")
         if data.source == "cache" and self.latent is not None and self.latent.sample_posterior:
             raise ValueError("model.latent.sample_posterior needs the images: a cache (genforge encode) holds each "
                              "image's posterior mean, not the posterior; train on the images the cache was made "

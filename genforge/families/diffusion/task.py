@@ -14,6 +14,7 @@ from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.diffusion.build import build_objective, sample_diffusion
 from genforge.families.diffusion.config import DiffusionModelConfig
 from genforge.families.diffusion.dit import DiT, DiTBlock
+from genforge.nn.frozen import held_on
 from genforge.nn.unet import AttentionBlock, ResBlock, UNet, build_unet
 from genforge.tokenizers.standins import build_standin
 
@@ -56,16 +57,17 @@ class DiffusionTask(Task):
 
     @staticmethod
     def _build_codec(cfg: DiffusionModelConfig, ctx: BuildContext) -> torch.nn.Module | None:
-        """The latent codec of `model.latent`: the stand-in, or the tokenizer run's, loaded by the application."""
+        """The latent codec of `model.latent`: the stand-in, or the tokenizer run's or diffusers folder's, loaded by
+        the application (as a submodule, or held outside the module tree: `held_on`)."""
         if cfg.latent is None:
             return None
-        if cfg.latent.codec != "tokenizer":
+        if not cfg.latent.loaded:
             return build_standin(cfg.latent, image_channels=ctx.info.channels)
-        codec, info = ctx.codecs["model.latent.tokenizer"]
-        cfg.check_grid(ctx.info.image_size, info.downsample, f"the downsampling of {cfg.latent.tokenizer}")
+        codec, info = ctx.codecs[cfg.latent.source_field]
+        cfg.check_grid(ctx.info.image_size, info.downsample, f"the downsampling of {cfg.latent.source_path}")
         if cfg.latent.sample_posterior and not isinstance(codec, GaussianLatentCodec):
-            raise ValueError(f"model.latent.sample_posterior: the codec of {cfg.latent.tokenizer} (a {info.family} "
-                             "run) has no Gaussian posterior to sample; a klvae run has")
+            raise ValueError(f"model.latent.sample_posterior: the codec of {cfg.latent.source_path} (a {info.family}"
+                             ") has no Gaussian posterior to sample; a klvae run or an AutoencoderKL has")
         return codec
 
     def ema_module(self) -> torch.nn.Module:
@@ -86,10 +88,11 @@ class DiffusionTask(Task):
             return batch["latent"]
         if self.latent_codec is None:
             return batch["image"]
+        codec = held_on(self.latent_codec, batch["image"].device)
         with torch.no_grad():
             if not self.cfg.latent.sample_posterior:
-                return self.latent_codec.encode(batch["image"])
-            mean, std = self.latent_codec.encode_moments(batch["image"])  # [B, C, h, w] each
+                return codec.encode(batch["image"])
+            mean, std = codec.encode_moments(batch["image"])  # [B, C, h, w] each
             return mean + std * batch["rng"].randn(*mean.shape[1:]).to(mean)
 
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
@@ -134,5 +137,5 @@ class DiffusionTask(Task):
                              clip=self.latent_codec is None,  # pixels live in [-1, 1]; latents have no fixed range
                              sampler=s["sampler"], steps=s["steps"], cfg_scale=s["cfg_scale"], generator=generator,
                              device=device, progress=bool(opts.get("progress")))
-        images = self.latent_codec.decode(x) if self.latent_codec else x
+        images = held_on(self.latent_codec, x.device).decode(x) if self.latent_codec else x
         return images.clamp(-1, 1)

@@ -22,13 +22,34 @@ from genforge.families.klvae.config import KLVAEConfig
 VAR_MOMENTUM = 0.01  # the running variance averages over ~100 steps once it has seen 100
 
 
+def read_autoencoder_kl(folder: str | Path) -> AutoencoderKL:
+    """The AutoencoderKL of a local diffusers folder (safetensors only, no download); FileNotFoundError when it is
+    not one."""
+    if not Path(folder, "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a diffusers AutoencoderKL directory (no config.json)")
+    try:
+        return AutoencoderKL.from_pretrained(folder, local_files_only=True, use_safetensors=True)
+    except OSError as err:  # no diffusion_pytorch_model.safetensors (a .bin is never unpickled)
+        raise FileNotFoundError(f"{folder}: {err}") from None
+
+
+def codec_from_diffusers(folder: Path) -> "KLAutoencoder":
+    """The codec of a diffusers AutoencoderKL folder (e.g. stabilityai/sd-vae-ft-ema): its weights, frozen, and its
+    config's `scaling_factor` (0.18215 for the SD VAE, as DiT uses it)."""
+    vae = read_autoencoder_kl(folder)
+    if vae.config.get("shift_factor"):
+        raise ValueError(f"{folder}: shift_factor={vae.config.shift_factor} (an SD3/FLUX-style VAE): genforge's "
+                         "latent codec scales latents but does not shift them")
+    return KLAutoencoder(vae, float(vae.config.scaling_factor))
+
+
 def build_autoencoder_kl(cfg: KLVAEConfig, channels: int) -> AutoencoderKL:
     """A fresh AutoencoderKL from the config, or the user's local pretrained one (no download)."""
     if cfg.pretrained is not None:
-        if not Path(cfg.pretrained, "config.json").is_file():
-            raise FileNotFoundError(f"model.pretrained: {cfg.pretrained} is not a diffusers AutoencoderKL directory "
-                                    "(no config.json)")
-        return AutoencoderKL.from_pretrained(cfg.pretrained, local_files_only=True, use_safetensors=True)
+        try:
+            return read_autoencoder_kl(cfg.pretrained)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"model.pretrained: {err}") from None
     levels = len(cfg.block_out_channels)
     return AutoencoderKL(
         in_channels=channels, out_channels=channels,

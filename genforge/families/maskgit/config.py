@@ -14,10 +14,11 @@ class MaskGITConfig(MaskedTokenConfig):
     family: Literal["maskgit"] = "maskgit"
 
     def check_data(self, data: DataConfig) -> None:
-        tokenizer = self.tokens.codec == "tokenizer"
+        tokenizer = self.tokens.loaded
         if data.source == "cache" and not tokenizer:
-            raise ValueError("data.source=cache needs model.tokens.codec=tokenizer and model.tokens.tokenizer set "
-                             "to the tokenizer run that wrote the cache (it decodes the samples)")
+            raise ValueError("data.source=cache needs model.tokens.codec=tokenizer (model.tokens.tokenizer: the run) "
+                             "or diffusers (model.tokens.pretrained: the folder), the codec that wrote the cache "
+                             "(it decodes the samples)")
         if not tokenizer:  # the stand-in's grid and vocabulary are known now; a tokenizer's once it is loaded
             self.check_tokens(data.image_size, self.tokens.factor, self.tokens.levels**3,
                               "model.tokens.factor", "model.tokens.levels")

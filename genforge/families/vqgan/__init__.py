@@ -6,4 +6,5 @@ from genforge.core.family import register_family
 from genforge.families.vqgan.config import VQGANConfig
 
 register_family(VQGANConfig, "genforge.families.vqgan.task:VQGANTask", Path(__file__).parent / "presets",
-                exporters={"diffusers": "genforge.families.vqgan.export:to_diffusers"})
+                exporters={"diffusers": "genforge.families.vqgan.export:to_diffusers"},
+                codec_loaders={"VQModel": "genforge.families.vqgan.diffusers_codec:codec_from_diffusers"})
