@@ -92,6 +92,14 @@ def test_sample_refuses_a_folder_that_is_not_a_run(tmp_path):
     assert out.exit_code == 2 and "not a run directory" in out.stderr
 
 
+def test_train_init_from_a_path_that_does_not_exist_exits_2(tmp_path):
+    out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(tmp_path / "ft"), "--set",
+                              "train.init_from=/nonexistent"])
+    assert out.exit_code == 2, out.output
+    assert "train.init_from=/nonexistent: /nonexistent does not exist" in out.stderr
+    assert not (tmp_path / "ft" / "checkpoints" / "latest").exists()
+
+
 def test_data_shapes_writes_a_folder(tmp_path):
     out = runner.invoke(app, ["data", "shapes", "--out", str(tmp_path / "s"), "--n", "20", "--image-size", "16"])
     assert out.exit_code == 0, out.output

@@ -210,12 +210,13 @@ class TrainConfig(StrictModel):
     """Optimisation and cadences; every count is in optimizer steps."""
 
     # a resumed run may lengthen the run, change the optimizer's settings and schedule, the cadences and the
-    # precision; not the batch, the seed or the EMA's warm-up (they define what was trained so far)
+    # precision; not the batch, the seed or the EMA's warm-up (they define what was trained so far); nor does
+    # init_from matter to a resume, which loads the run's own checkpoint
     may_change_on_resume: ClassVar[frozenset[str]] = frozenset({
         "steps", "lr", "weight_decay", "betas", "warmup_steps", "lr_schedule", "min_lr_ratio", "lr_decay_rate",
         "lr_decay_every", "grad_clip", "grad_accum", "precision", "ema_decay", "log_every", "sample_every",
         "num_samples", "checkpoint_every", "keep_last", "keep_best", "keep_best_mode", "max_nonfinite_skips",
-        "on_nonfinite", "max_rollbacks", "dist_timeout_s", "check_consistency", "phases", "compile"})
+        "on_nonfinite", "max_rollbacks", "dist_timeout_s", "check_consistency", "phases", "compile", "init_from"})
 
     steps: int = Field(1000, gt=0, description="total optimizer steps")
     batch_size: int = Field(32, gt=0, description="global batch (all ranks x accumulation)")
@@ -244,6 +245,11 @@ class TrainConfig(StrictModel):
                            "on GPUs, a first step that compiles (about a minute per block kind on a CPU); "
                            "docs/performance.md")
     seed: int = Field(0, ge=0)
+    init_from: str | None = Field(
+        None, min_length=1,
+        description="a run directory (its newest usable checkpoint) or one checkpoint folder "
+                    "(checkpoints/step-NNNNNN): a fresh run starts from its model and EMA weights with a fresh "
+                    "optimizer and step 0 (fine-tuning); ignored once this run has its own checkpoint (a resume)")
     ema_decay: float = Field(0.9999, ge=0.0, lt=1.0)
     ema_warmup: bool = Field(True, description="decay ramps as min(decay, (1+n)/(10+n))")
     ema_start: int = Field(0, ge=0, description="steps before EMA starts averaging (it copies until then)")

@@ -398,6 +398,27 @@ def _check_tensors(path: Path, found: dict[str, tuple[str, tuple[int, ...]]], ex
                                       f"{want}{list(want_shape)}")
 
 
+def weights_mismatch(found: Mapping[str, Tensor], expected: Mapping[str, Tensor], few: int = 3) -> str:
+    """How the weights `found` (a checkpoint's) differ from `expected` (a model's state dict) in names and shapes,
+    naming a `few` of each kind with their shapes; empty when they match (dtypes may differ: loading converts)."""
+
+    def shape(t: Tensor) -> list[int]:
+        return list(t.shape)
+
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    reshaped = sorted(k for k in set(found) & set(expected) if tuple(found[k].shape) != tuple(expected[k].shape))
+    parts = []
+    for what, names, show in (
+            ("missing", missing, lambda k: f"{k} {shape(expected[k])}"),
+            ("unexpected", unexpected, lambda k: f"{k} {shape(found[k])}"),
+            ("of another shape", reshaped, lambda k: f"{k} {shape(found[k])} (this model: {shape(expected[k])})")):
+        if names:
+            more = f", ... ({len(names)} in all)" if len(names) > few else ""
+            parts.append(f"{what}: " + "; ".join(map(show, names[:few])) + more)
+    return " | ".join(parts)
+
+
 def _check_state_files(stem: Path, shards: dict[str, Any] | None = None) -> None:
     """A save_state pair: `stem.json` (readable JSON) and `stem.safetensors` (a sane header); with `shards` (the
     tensors of a sharded checkpoint), `stem.json` alone, whose tensors must be among them."""
@@ -492,6 +513,24 @@ def newest_usable(ckpts: CheckpointDir, verify: Callable[[Path], None]) -> tuple
         return path, rejected
     raise CheckpointReadError("no usable checkpoint in " + str(ckpts.root) + ": " +
                               "; ".join(why for _, why in rejected))
+
+
+def source_checkpoint(path: Path) -> tuple[Path, list[tuple[Path, str]]]:
+    """The checkpoint another run starts from (`train.init_from`): `path` itself when it is one checkpoint folder
+    (it holds trainer_state.json), else the newest usable checkpoint of the run directory `path`; each checked by
+    `verify_checkpoint` (the files sampling needs: weights, EMA, trainer_state.json). Returns it and (path, why) of
+    each newer checkpoint of the run that was passed over. CheckpointReadError saying why there is none."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointReadError(f"{path} does not exist" if not path.exists() else f"{path} is not a folder")
+    if (path / "trainer_state.json").is_file():
+        verify_checkpoint(path)
+        return path, []
+    chosen, rejected = newest_usable(CheckpointDir(path / "checkpoints"), verify_checkpoint)
+    if chosen is None:
+        raise CheckpointReadError(f"{path} is neither a run directory with a checkpoint ({path / 'checkpoints'} has "
+                                  "no `latest`) nor a checkpoint folder (no trainer_state.json)")
+    return chosen, rejected
 
 
 def read_weights(path: Path, part: str, device: str = "cpu") -> dict[str, Tensor]:

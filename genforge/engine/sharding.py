@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from genforge.core.task import Task
 
@@ -58,6 +58,15 @@ def whole(tensor: Tensor) -> Tensor:
 def local(tensor: Tensor) -> Tensor:
     """This rank's piece of a (possibly sharded) tensor."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def laid_out_like(full: Tensor, target: Tensor) -> Tensor:
+    """The whole tensor `full` laid out as `target` is, in its dtype and on its device: for a DTensor this rank's
+    shard of it (cut locally, no communication: every rank holds the same `full`), else `full` itself."""
+    full = full.to(device=local(target).device, dtype=target.dtype)
+    if not isinstance(target, DTensor):
+        return full
+    return distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
 
 
 @contextmanager

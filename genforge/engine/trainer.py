@@ -38,16 +38,17 @@ from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, c
                                   dataset_size, heldout_samples, unreadable_start)
 from genforge.engine.checkpoint import (SAFETENSORS_TO_TORCH, SHARDS, WRITE_ERRORS, CheckpointDir, CheckpointError,
                                         CheckpointReadError, expected_tensors, flatten_state, load_state,
-                                        load_tensors, newest_usable, nonfinite_tensors, read_json, save_state,
-                                        save_tensors, sharded_tensors, step_dir_name, tensor_refs, unflatten_state,
-                                        verify_checkpoint)
+                                        load_tensors, newest_usable, nonfinite_tensors, read_json, read_weights,
+                                        save_state, save_tensors, sharded_tensors, source_checkpoint, step_dir_name,
+                                        tensor_refs, unflatten_state, verify_checkpoint, weights_mismatch)
 from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
 from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
 from genforge.engine.logging import RunLogger, StepLines, console, duration, write_samples
 from genforge.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, materialize_state
 from genforge.engine.preemption import Preempted, StopRequests
-from genforge.engine.sharding import full_weights, gradient_sync, load_shards, local, save_shards, shard_task, whole
+from genforge.engine.sharding import (full_weights, gradient_sync, laid_out_like, load_shards, local, save_shards,
+                                      shard_task, whole)
 from genforge.eval.run import evaluate_task, write_eval_results
 
 # What a checkpoint restores, by name (`load_checkpoint(skip=...)` lets tests prove each one matters).
@@ -446,6 +447,52 @@ class Trainer:
         with open(self.run_dir / "config-history.jsonl", "a") as f:
             f.write(json.dumps(entry) + "\n")
 
+    def initialise_from(self, source: str) -> str:
+        """Start this fresh run from the model and EMA weights of the checkpoint `source` names (train.init_from: a
+        run directory, its newest usable checkpoint; or one checkpoint folder), either layout, into this run's
+        weights as they are laid out (every rank the same whole weights; under train.sharding=fsdp each rank its
+        shards of them). The optimizers, schedulers, step, data position, RNG and family state stay fresh. Returns
+        the line it logs. ConfigError (exit 2) starting `train.init_from=<source>:` when there is no usable checkpoint
+        there, or when its weights do not fit this model exactly (a missing or unexpected tensor, another shape)."""
+        acc = self.accelerator
+        decision: list[Any] = [None]
+        if acc.is_main_process:  # one choice for every rank, even if the source run writes a checkpoint meanwhile
+            try:
+                chosen, passed_over = source_checkpoint(Path(source))
+                decision = [{"chosen": str(chosen), "notes": [why for _, why in passed_over]}]
+            except (CheckpointReadError, OSError) as err:
+                decision = [{"error": str(err)}]
+        if acc.num_processes > 1:
+            decision = broadcast_object_list(decision)
+        if "error" in decision[0]:
+            raise ConfigError(f"train.init_from={source}: {decision[0]['error']}")
+        path, error = Path(decision[0]["chosen"]), None
+        try:
+            weights = {"model": read_weights(path, "model", str(acc.device)),
+                       "ema": read_weights(path, "ema", str(acc.device))}
+            step = int(read_json(path / "trainer_state.json")["step"])
+            for part, current in self._state_tensors().items():
+                mismatch = weights_mismatch(weights[part], current)
+                if mismatch:
+                    error = (f"train.init_from={source}: the {part} weights of {path} do not fit this model ("
+                             f"{mismatch}); it takes a checkpoint of the same model")
+                    break
+        except CheckpointReadError as err:
+            error = f"train.init_from={source}: {err}"
+        if self._any_rank(error is not None):
+            raise ConfigError(error or f"train.init_from={source}: another process could not read {path}")
+        with torch.no_grad():  # the whole weights, laid out as this run's (a sharded run: each rank its shards)
+            current = self.task.state_dict()
+            self.task.load_state_dict({k: laid_out_like(t, current[k]) for k, t in weights["model"].items()})
+            shadow = self.ema.state_dict()
+            self.ema.load_state_dict({k: laid_out_like(t, shadow[k]) for k, t in weights["ema"].items()})
+        line = f"initialised from {path} (step {step})"
+        if acc.is_main_process:
+            for note in decision[0]["notes"]:
+                print(f"genforge: warning: train.init_from={source}: passed over a checkpoint: {note}", file=sys.stderr)
+            print(f"genforge: {line}", file=sys.stderr)
+        return line
+
     def load_checkpoint(self, path: Path, skip: Iterable[str] = ()) -> None:
         """Restore everything `save_checkpoint` wrote (safetensors/JSON only; nothing is unpickled). `skip`
         names STATE_PIECES to leave as they are (fault-injection tests)."""
@@ -796,12 +843,15 @@ class Trainer:
             for note in notes:
                 print(f"genforge: warning: {note}", file=sys.stderr)
         changes = changes if latest is not None else []
+        initialised = None
         if latest is not None:
             self.load_checkpoint(latest)
             for phase, optimizer in self.optimizers.items():  # a changed lr, schedule, ... takes effect
                 apply_optimizer_settings(optimizer, self.schedulers[phase], self.phase_train[phase])
             if acc.is_main_process:
                 print(f"genforge: resumed from {latest} (step {self.step})", file=sys.stderr)
+        elif cfg.train.init_from is not None:  # a fresh run only: a resume loads its own checkpoint instead
+            initialised = self.initialise_from(cfg.train.init_from)
         if acc.is_main_process:  # only once the checkpoint fits: a refused resume leaves config.yaml as it was
             self.record_config_changes(changes)
             write_atomically(self.run_dir / "config.yaml", cfg.config_yaml)
@@ -811,6 +861,8 @@ class Trainer:
             self.logger.event(self.step, "checkpoint_fallback", note)
         if changes and self.logger:
             self.logger.event(self.step, "config_change", "; ".join(map(str, changes)))
+        if initialised and self.logger:
+            self.logger.event(self.step, "init_from", initialised)
         first_step, start = self.step, time.perf_counter()
         try:
             with StopRequests() as stop:

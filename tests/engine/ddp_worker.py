@@ -1,6 +1,7 @@
 """Run under torchrun (or plainly, for 1 process): train dit-debug (or the preset GENFORGE_TEST_PRESET), then
-every rank saves its weights and buffers.
+every rank saves its weights and buffers (and its EMA).
 
+GENFORGE_TEST_FAULT=no_steps makes every rank train no step (its weights and EMA as the run starts);
 GENFORGE_TEST_FAULT=kill|hang makes rank 1 die (SIGKILL) or hang at step 3, for the failure tests;
 GENFORGE_TEST_FAULT=diverge makes rank 1 nudge one weight at step 1 (the consistency check must name it);
 GENFORGE_TEST_FAULT=kill_in_shards makes rank 1 die (SIGKILL) while writing its shards of the checkpoint of step 4
@@ -23,7 +24,9 @@ from genforge.engine.sharding import whole
 from genforge.families.diffusion.task import DiffusionTask
 
 fault = os.environ.get("GENFORGE_TEST_FAULT")
-if fault == "kill_in_shards" and os.environ.get("RANK") == "1":
+if fault == "no_steps":  # every rank builds and loads, then trains nothing (what a run starts with)
+    trainer_module.Trainer._loop = lambda self, stop, stop_at: None
+elif fault == "kill_in_shards" and os.environ.get("RANK") == "1":
     plain_save = trainer_module.save_shards
 
     def dying_save(folder, tensors):
@@ -59,3 +62,5 @@ trainer.fit()
 rank = trainer.accelerator.process_index
 state = {k: whole(v).detach().cpu().contiguous() for k, v in trainer.task.state_dict().items()}
 save_file(state, str(Path(out_dir) / f"rank{rank}-of{trainer.accelerator.num_processes}.safetensors"))
+shadow = {k: whole(v).detach().cpu().contiguous() for k, v in trainer.ema.state_dict().items()}
+save_file(shadow, str(Path(out_dir) / f"ema-rank{rank}-of{trainer.accelerator.num_processes}.safetensors"))
