@@ -21,6 +21,7 @@ from genforge.app.api import Run, default_device, load_run, resolve_precision, s
 from genforge.app.config import ConfigError, RunConfig, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
 from genforge.app.export import EXPORT_RECORD, export_run
+from genforge.app.importer import import_run
 from genforge.app.runs import (FamilyOption, build_task, check_data_size, count_parameters, family_sample_options,
                                flag, load_any_codec, make_trainer, missing_inputs, resume_changes, run_family)
 from genforge.core.family import export_targets
@@ -462,6 +463,35 @@ def export(
     for note in exported.notes:
         typer.echo(f"note: {note}")
     typer.echo(f"record: {out / EXPORT_RECORD}")
+
+
+@app.command("import")
+def import_(
+    source: Annotated[Path, typer.Argument(help="a facebookresearch/DiT checkpoint (.pt state dict or .safetensors), "
+                                                "a diffusers DiTTransformer2DModel folder or a DiTPipeline folder")],
+    out: Annotated[Path, typer.Option(help="run directory to write (must not exist, or be empty)")],
+    vae: Annotated[Optional[Path], typer.Option(help="a latent model's codec: a diffusers AutoencoderKL folder (e.g. "
+                                                     "sd-vae-ft-ema); a DiTPipeline brings its own")] = None,
+    num_heads: Annotated[Optional[int], typer.Option(min=1, help="attention heads, where the size is not one of the "
+                                                                "DiT zoo's (the weights do not tell it)")] = None,
+) -> None:
+    """Import weights trained elsewhere as a run directory that `genforge sample`, `eval` and `load_run` open, and
+    `train.init_from` fine-tunes (docs/interoperability.md). Checkpoints are read with torch.load(weights_only=True):
+    a file holding pickled objects is refused."""
+    _check_writable(out, "--out", keep=False)
+    try:
+        imported = import_run(source, out, vae=vae, num_heads=num_heads)
+    except (ValueError, FileNotFoundError, CheckpointReadError) as err:  # ConfigError: a ValueError
+        _fail(str(err))
+    except OSError as err:
+        _fail(f"--out {out}: cannot write it ({err.strerror or err})", code=1)
+    model = imported.config.model
+    typer.echo(f"imported {imported.source_format} from {source}: {model.family} {model.backbone} "
+               f"(size {model.size}, {imported.config.data.image_size}px, {model.num_classes or 0} classes)")
+    for note in imported.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"wrote {imported.checkpoint}")
+    typer.echo(f"sample it: genforge sample {out} --label 0 --out samples.png")
 
 
 @app.command()

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from genforge.core.config import DataConfig, FamilyConfig
 from genforge.core.errors import ConfigError
-from genforge.core.export import Exporter
+from genforge.core.export import Exporter, Importer
 from genforge.core.registry import FAMILIES
 from genforge.core.task import HeldOut
 
@@ -52,6 +52,8 @@ class FamilySpec:
     exporters: dict[str, Exporter | str] = field(default_factory=dict, hash=False)  # target -> exporter
     # a diffusers model class whose save_pretrained folders this family's codec reads -> loader(folder) -> codec
     codec_loaders: dict[str, Callable[[Path], Any] | str] = field(default_factory=dict, hash=False)
+    # a source format (a diffusers class name, or e.g. "dit-checkpoint") -> importer (`genforge import`)
+    importers: dict[str, Importer | str] = field(default_factory=dict, hash=False)
 
     def builder(self) -> Callable[[Any, BuildContext], Any]:
         """The builder, imported on first use when it is named by a string."""
@@ -70,6 +72,10 @@ class FamilySpec:
         """The loader of diffusers `class_name` folders (imported on first use when named by a string)."""
         return _resolve(self.codec_loaders[class_name])
 
+    def importer(self, source_format: str) -> Importer:
+        """The importer of `source_format` (imported on first use when named by a string)."""
+        return _resolve(self.importers[source_format])
+
 
 def _resolve(entry: Callable[..., Any] | str) -> Callable[..., Any]:
     """A callable, or the one a "package.module:attribute" string names (imported now)."""
@@ -82,16 +88,18 @@ def _resolve(entry: Callable[..., Any] | str) -> Callable[..., Any]:
 def register_family(config: type[FamilyConfig], build: Callable[[Any, BuildContext], Any] | str,
                     presets: Path | None = None, aliases: tuple[str, ...] = (),
                     exporters: dict[str, Exporter | str] | None = None,
-                    codec_loaders: dict[str, Callable[[Path], Any] | str] | None = None) -> FamilySpec:
+                    codec_loaders: dict[str, Callable[[Path], Any] | str] | None = None,
+                    importers: dict[str, Importer | str] | None = None) -> FamilySpec:
     """Register a family under the name its config's `family` field defaults to; `aliases` are former names that
     configs and run directories may still use (`canonical_family`); `exporters` maps a target format
     ("diffusers") to the family's exporter (genforge.core.export.Exporter); `codec_loaders` maps a diffusers model
-    class ("AutoencoderKL") to a function that reads a save_pretrained folder of it into the family's frozen codec."""
+    class ("AutoencoderKL") to a function that reads a save_pretrained folder of it into the family's frozen codec;
+    `importers` maps a source format to the function that reads it into a run (genforge.core.export.Importer)."""
     name = config.model_fields["family"].default
     if not isinstance(name, str):
         raise ValueError(f"{config.__name__}.family needs a default: the family's name")
     return FAMILIES.register(name, FamilySpec(name, config, build, presets, tuple(aliases), dict(exporters or {}),
-                                              dict(codec_loaders or {})))
+                                              dict(codec_loaders or {}), dict(importers or {})))
 
 
 def export_targets() -> list[str]:
@@ -105,8 +113,23 @@ def diffusers_codec_loader(class_name: str) -> Callable[[Path], Any]:
     for _, spec in FAMILIES.items():
         if class_name in spec.codec_loaders:
             return spec.codec_loader(class_name)
-    known = [name for _, spec in FAMILIES.items() for name in spec.codec_loaders]
-    raise ConfigError(f"a diffusers {class_name} is not a codec genforge reads; it reads {', '.join(known)}")
+    raise ConfigError(f"a diffusers {class_name} is not a codec genforge reads; it reads "
+                      f"{', '.join(import_formats('codec_loaders'))}")
+
+
+def importer_of(source_format: str) -> Importer:
+    """The importer some family registers for `source_format`; ConfigError listing the formats that import."""
+    for _, spec in FAMILIES.items():
+        if source_format in spec.importers:
+            return spec.importer(source_format)
+    raise ConfigError(f"{source_format} is not a format genforge imports; it imports "
+                      f"{', '.join(import_formats('importers'))}")
+
+
+def import_formats(kind: str = "importers") -> list[str]:
+    """The source formats the registered families import (`kind` "importers") or read as codecs
+    ("codec_loaders")."""
+    return [name for _, spec in FAMILIES.items() for name in getattr(spec, kind)]
 
 
 def canonical_family(name: str) -> str:

@@ -8,4 +8,6 @@ from genforge.core.family import register_family
 from genforge.families.diffusion.config import DiffusionModelConfig
 
 register_family(DiffusionModelConfig, "genforge.families.diffusion.task:DiffusionTask", Path(__file__).parent / "presets",
-                aliases=("dit",), exporters={"diffusers": "genforge.families.diffusion.export:to_diffusers"})
+                aliases=("dit",), exporters={"diffusers": "genforge.families.diffusion.export:to_diffusers"},
+                importers={"dit-checkpoint": "genforge.families.diffusion.importer:read_official",
+                           "DiTTransformer2DModel": "genforge.families.diffusion.importer:read_diffusers"})
