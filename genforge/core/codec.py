@@ -74,6 +74,27 @@ class ImageEmbedder(Protocol):
     def embed_texts(self, texts: list[str]) -> Tensor: ...
 
 
+@runtime_checkable
+class TextEncodingEmbedder(ImageEmbedder, Protocol):
+    """An ImageEmbedder whose text tower also gives its per-token states: captions -> (encodings float [B, L, W_t],
+    mask bool [B, L], True = a real token), what DALL·E 2's prior attends to besides the pooled text embedding;
+    `text_width` is W_t."""
+
+    text_width: int
+
+    def encode_texts(self, texts: list[str]) -> tuple[Tensor, Tensor]: ...
+
+
+@runtime_checkable
+class TextToImageEmbedding(Protocol):
+    """Captions -> image embeddings of an ImageEmbedder's space (DALL·E 2's prior, §2.2): unit-norm [B, D], drawn
+    with `generator`; what a decoder conditioned on image embeddings is driven by for text-to-image."""
+
+    embed_dim: int
+
+    def image_embeds_for(self, texts: list[str], generator: Any, **opts: Any) -> Tensor: ...
+
+
 def codec_kind(codec: object) -> str | None:
     """"tokens" for a TokenCodec, "latent" for a LatentCodec, "image_embed" for an ImageEmbedder, None for anything
     else."""

@@ -27,7 +27,7 @@ from genforge.core.task import Batch, Task
 from genforge.data.loader import (class_names, has_motion, heldout_batches, heldout_split, image_data,
                                   judged_by_shapes_judge, pixel_field)
 from genforge.data.video import clip_frames
-from genforge.eval.embedding_metrics import retrieval_recall, zero_shot_accuracy
+from genforge.eval.embedding_metrics import prior_similarities, retrieval_recall, zero_shot_accuracy
 from genforge.nn.features import I3DFeatures, InceptionFeatures, InceptionLogits
 from genforge.nn.perceptual import PerceptualLoss
 from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
@@ -518,8 +518,41 @@ class Variation(SampleMetric):
         return dict(zip(self.results, means))
 
 
+# ----------------------------------------------------------------------------------------------- priors
+class PredictedEmbeddings(FeatureExtractor):
+    """A prior's samples are themselves the rows: predicted image embeddings [b, D]."""
+
+    def setup(self, ctx: EvalContext) -> None:
+        if "caption_embed" not in ctx.cond:
+            raise ValueError("metric 'prior_similarity' applies to a diffusion prior (dalle2_prior), whose samples "
+                             "are image embeddings of captions")
+
+    def rows(self, images: Tensor, cond: Batch, ctx: EvalContext) -> Tensor:
+        return images.float().cpu()
+
+    def empty(self) -> Tensor:
+        return torch.zeros(0, 0)
+
+
+class PriorSimilarity(SampleMetric):
+    """A prior's predicted image embeddings for held-out captions, as cosine similarities (DALLE2-pytorch's
+    train_diffusion_prior.py): with the caption's text embedding, with an unrelated caption's, with the caption's
+    true image embedding, and CLIP's own text-image similarity of the true pairs as the baseline."""
+
+    name, extractor = "prior_similarity", PredictedEmbeddings()
+    results = ("prior_text_similarity", "prior_unrelated_text_similarity", "prior_image_similarity",
+               "prior_baseline_similarity")
+
+    def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
+        cond = ctx.cond
+        found = prior_similarities(rows, cond["caption_embed"].cpu(), list(cond["text"]),
+                                   cond["image_embed"].cpu() if "image_embed" in cond else None)
+        return {f"prior_{k}_similarity": v for k, v in found.items()}
+
+
 for _metric in (Judge(), Direction(), FID(), FVD(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(),
-                Codebook(), ReconstructionJudge(), ReconstructionDirection(), Variation(), ZeroShot(), Retrieval()):
+                Codebook(), ReconstructionJudge(), ReconstructionDirection(), Variation(), ZeroShot(), Retrieval(),
+                PriorSimilarity()):
     METRICS.register(_metric.name, _metric)
 
 

@@ -37,6 +37,7 @@ class PretrainedClipEmbedder(nn.Module):
         self.model.eval().requires_grad_(False)
         self.image_size = int(self.model.config.vision_config.image_size)
         self.embed_dim = int(self.model.config.projection_dim)
+        self.text_width = int(self.model.config.text_config.hidden_size)  # of `encode_texts`'s states
         self.max_length = min(max_length, int(self.model.config.text_config.max_position_embeddings))
         mean, std = CLIP_MEAN, CLIP_STD
         preprocessor = self.directory / "preprocessor_config.json"
@@ -59,10 +60,22 @@ class PretrainedClipEmbedder(nn.Module):
         features = self.model.get_image_features(pixel_values=x)
         return F.normalize(getattr(features, "pooler_output", features), dim=-1)
 
+    def tokenize(self, texts: list[str]) -> dict[str, Tensor]:
+        """CLIP's token ids and attention mask of captions, padded to the longest."""
+        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                              return_tensors="pt").to(self.mean.device)
+
+    @torch.no_grad()
+    def encode_texts(self, texts: list[str]) -> tuple[Tensor, Tensor]:
+        """Captions -> the text transformer's last hidden states [B, L, W_t] and mask bool [B, L] (the text
+        encodings DALL·E 2's prior attends to)."""
+        tokens = self.tokenize(texts)
+        states = self.model.text_model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
+        return states.last_hidden_state.float(), tokens["attention_mask"].bool()
+
     @torch.no_grad()
     def embed_texts(self, texts: list[str]) -> Tensor:
         """Captions -> unit-norm [B, D] (the projected end-of-text token)."""
-        tokens = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                                return_tensors="pt").to(self.mean.device)
+        tokens = self.tokenize(texts)
         features = self.model.get_text_features(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
         return F.normalize(getattr(features, "pooler_output", features), dim=-1)

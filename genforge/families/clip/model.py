@@ -52,6 +52,7 @@ class ClipModel(nn.Module):
     def __init__(self, cfg: ClipConfig, image_size: int, text_encoder: TextEncoder) -> None:
         super().__init__()
         self.image_size, self.embed_dim = image_size, cfg.embed_dim
+        self.text_width = text_encoder.dim  # of `encode_texts`'s states
         self.visual = VisionTower(image_size, cfg.patch_size, cfg.width, cfg.depth, cfg.num_heads, cfg.embed_dim)
         attach_text_encoder(self, "text_encoder", text_encoder)  # tiny: trained here; frozen: outside the tree
         self.text_proj = nn.Linear(text_encoder.dim, cfg.embed_dim, bias=False)
@@ -70,8 +71,13 @@ class ClipModel(nn.Module):
                                   align_corners=False, antialias=image.shape[-1] > self.image_size)
         return F.normalize(self.visual(image.to(self.visual.cls.dtype)), dim=-1)
 
+    def encode_texts(self, texts: list[str]) -> tuple[Tensor, Tensor]:
+        """Captions -> the text tower's per-token states [B, L, W_t] and mask bool [B, L] (True = a real token): the
+        text encodings DALL·E 2's prior attends to."""
+        return self.text_encoder.encode_on(list(texts), self.text_proj.weight.device)
+
     def embed_texts(self, texts: list[str]) -> Tensor:
         """Captions -> unit-norm [B, D]: the text encoder's states averaged over the real tokens, projected."""
-        states, keep = self.text_encoder.encode_on(list(texts), self.text_proj.weight.device)  # [B, L, W_t], [B, L]
+        states, keep = self.encode_texts(texts)  # [B, L, W_t], [B, L]
         pooled = (states * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp_min(1)  # [B, W_t]
         return F.normalize(self.text_proj(pooled.to(self.text_proj.weight.dtype)), dim=-1)

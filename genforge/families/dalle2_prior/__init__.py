@@ -1,0 +1,10 @@
+"""dalle2_prior: DALL·E 2's diffusion prior, caption -> CLIP image embedding (a causal transformer predicting x₀, CLIP
+reranking of two candidates), the first half of text-to-image with the dalle2_decoder."""
+
+from pathlib import Path
+
+from genforge.core.family import register_family
+from genforge.families.dalle2_prior.config import Dalle2PriorConfig
+
+register_family(Dalle2PriorConfig, "genforge.families.dalle2_prior.task:Dalle2PriorTask",
+                Path(__file__).parent / "presets")

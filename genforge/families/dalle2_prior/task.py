@@ -1,0 +1,175 @@
+"""dalle2_prior as a Task: DALL·E 2's diffusion prior (Ramesh et al. 2022, §2.2), as DALLE2-pytorch's `DiffusionPrior`
+trains it.
+
+Training: the CLIP image embedding of each training image, L2-normalised and scaled by √D (so its entries have unit
+variance; DALLE2-pytorch's `image_embed_scale`), is the x₀ of a Gaussian diffusion (cosine schedule); the network
+predicts x₀ itself ("we found it better to train our prior to predict the unnoised CLIP image embedding directly",
+§2.2) from x_t, t and the caption's CLIP text embedding and encodings, which are replaced by learned null conditions
+in `cond_drop_prob` of the rows (classifier-free guidance). Sampling draws `candidates` embeddings per caption and
+keeps the one with the highest dot product with the caption's text embedding (§2.2).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from genforge.core.family import BuildContext
+from genforge.core.task import Batch, Task, interleave_rows
+from genforge.diffusion.build import build_objective, sample_diffusion
+from genforge.families.dalle2_prior.config import Dalle2PriorConfig
+from genforge.families.dalle2_prior.model import PriorNetwork
+from genforge.nn.attention import PreNormBlock
+from genforge.nn.frozen import Frozen, held_on
+from genforge.text.clip_embedder import PretrainedClipEmbedder
+
+RETRIEVAL_BANK = 256  # held-out images whose nearest one to each predicted embedding the previews show
+
+
+def rerank(candidates: Tensor, text_embed: Tensor) -> Tensor:
+    """The candidate [n, k, D] (unit-norm) with the highest similarity to its caption's text embedding [n, D] (unit
+    norm), for each caption: [n, D] (§2.2: "we generate two samples of z_i and select the one with a higher dot
+    product with z_t")."""
+    similarity = torch.einsum("nkd,nd->nk", candidates, text_embed.to(candidates))  # [n, k]
+    best = similarity.argmax(dim=1)  # [n]
+    return candidates[torch.arange(len(candidates), device=candidates.device), best]
+
+
+class Dalle2PriorTask(Task):
+    """Trains `PriorNetwork` on (caption, image) pairs embedded by a frozen CLIP; samples unit-norm image embeddings
+    [n, D] for captions (`image_embeds_for`, a genforge.core.codec.TextToImageEmbedding)."""
+
+    block_types = (PreNormBlock,)
+
+    def __init__(self, cfg: Dalle2PriorConfig, ctx: BuildContext) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.heldout = ctx.heldout  # held-out captions (and images: the true embeddings, the retrieval bank)
+        if cfg.embedder.source == "clip_run":
+            self.embedder = ctx.codecs["model.embedder.path"][0]  # frozen; its weights saved with the prior's
+        else:  # large and frozen: outside the module tree and checkpoints
+            self.embedder = Frozen(PretrainedClipEmbedder(cfg.embedder.path))
+        if not getattr(self.embedder, "has_text", False):
+            raise ValueError(f"model.embedder.path={cfg.embedder.path}: the prior needs a CLIP with a text tower")
+        self.embed_dim = int(self.embedder.embed_dim)
+        self.scale = math.sqrt(self.embed_dim)  # x₀ = unit-norm embedding · √D
+        text_dim = int(self.embedder.text_width) if cfg.text_encodings else 0
+        self.model = PriorNetwork(self.embed_dim, cfg.width, cfg.depth, cfg.num_heads, text_dim, cfg.max_text_tokens)
+        self.objective = build_objective(cfg.diffusion)
+        self._bank: tuple[Tensor, Tensor] | None = None  # (images, embeddings) of held-out images, built on use
+
+    def ema_module(self) -> nn.Module:
+        return self.model
+
+    def parameters_for(self, phase: str) -> list[nn.Parameter]:
+        return list(self.model.parameters())
+
+    def train(self, mode: bool = True) -> "Dalle2PriorTask":
+        """Train mode for the prior network; the CLIP stays frozen in eval mode."""
+        super().train(mode)
+        self.embedder.eval()
+        return self
+
+    # -------------------------------------------------------------------------------------------- conditions
+    @torch.no_grad()
+    def text_conditions(self, texts: list[str], device: torch.device) -> dict[str, Tensor]:
+        """The network's caption inputs: the unit-norm CLIP text embedding [B, D] and, with text encodings, the text
+        tower's per-token states [B, L, W_t] and mask [B, L]."""
+        clip = held_on(self.embedder, device)
+        kwargs = {"text_embed": F.normalize(clip.embed_texts(list(texts)).float(), dim=-1).to(device)}
+        if self.cfg.text_encodings:
+            tokens, mask = clip.encode_texts(list(texts))
+            kwargs.update(text_tokens=tokens.float().to(device), text_mask=mask.bool().to(device))
+        return kwargs
+
+    @torch.no_grad()
+    def image_embeds(self, images: Tensor) -> Tensor:
+        """The frozen CLIP's unit-norm image embeddings [B, D] of images [B, C, H, W] in [-1, 1]."""
+        return F.normalize(held_on(self.embedder, images.device).embed_images(images).float(), dim=-1)
+
+    # -------------------------------------------------------------------------------------------------- loss
+    def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        if "text" not in batch:
+            raise ValueError("the prior trains on captioned images: the batch has no captions (an image folder "
+                             "needs a <stem>.txt per image; shards a .txt)")
+        rng, device = batch["rng"], batch["image"].device
+        x0 = self.image_embeds(batch["image"]) * self.scale  # [B, D], entries of unit variance
+        kwargs = self.text_conditions(batch["text"], device)
+        kwargs["keep"] = rng.rand() >= self.cfg.cond_drop_prob  # [B] bool
+        time, noise = self.objective.draw(rng, x0)
+        terms = self.objective.training_losses(self.model, x0, time, noise, model_kwargs=kwargs)
+        return terms["loss"].mean(), {k: terms[k].mean().detach() for k in ("mse",) if k in terms}
+
+    # ---------------------------------------------------------------------------------------------- sampling
+    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
+        d = self.cfg.diffusion
+        return {"sampler": opts.get("sampler") or d.sampler, "steps": opts.get("steps") or d.sample_steps,
+                "cfg_scale": opts.get("cfg_scale") or d.cfg_scale, "candidates": self.cfg.candidates}
+
+    @torch.no_grad()
+    def image_embeds_for(self, texts: list[str], generator: torch.Generator, **opts: Any) -> Tensor:
+        """Unit-norm image embeddings [n, D] for n captions: `candidates` drawn per caption, the most similar to
+        its text embedding kept (`rerank`); guided against the null text conditions by cfg_scale."""
+        s = self.sampler_settings(**opts)
+        device, n, k = next(self.model.parameters()).device, len(texts), self.cfg.candidates
+        cond = self.text_conditions(texts, device)
+        kwargs = {name: value.repeat_interleave(k, dim=0) for name, value in cond.items()}  # caption i: rows i·k..
+        kwargs["keep"] = torch.ones(n * k, dtype=torch.bool, device=device)
+        null = {"keep": torch.zeros(1, dtype=torch.bool, device=device)}
+        x0 = sample_diffusion(self.cfg.diffusion, model=self.model, shape=(n * k, self.embed_dim),
+                              model_kwargs=kwargs, null_kwargs=null, clip=False, sampler=s["sampler"],
+                              steps=s["steps"], cfg_scale=s["cfg_scale"], generator=generator, device=device,
+                              progress=bool(opts.get("progress")))
+        candidates = F.normalize(x0.float(), dim=-1).view(n, k, self.embed_dim)  # x₀ / √D, renormalised
+        return rerank(candidates, cond["text_embed"])
+
+    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+        """The captions of n samples: `prompts` / `prompt` (cycled), or n held-out captions spread over the held-out
+        split, with their images' true embeddings (`image_embed`) and labels; every caption's CLIP text embedding
+        (`caption_embed` [n, D]) for evaluation (metric prior_similarity)."""
+        device = generator.device
+        prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None)
+        if prompts:
+            cond: dict[str, Any] = {"text": [prompts[i % len(prompts)] for i in range(n)]}
+        else:
+            if self.heldout is None:
+                raise ValueError("no held-out captions to sample for: pass --prompt")
+            held = self.heldout.samples(n, spread=True)
+            if "text" not in held:
+                raise ValueError("the held-out data has no captions: pass --prompt")
+            index = torch.arange(n) % len(held["text"])  # a small held-out split: cycle through it
+            cond = {"text": [held["text"][i] for i in index.tolist()], "image": held["image"][index].to(device)}
+            if "label" in held:
+                cond["label"] = held["label"][index].to(device)
+            cond["image_embed"] = self.image_embeds(cond["image"])
+        cond["caption_embed"] = self.text_conditions(cond["text"], device)["text_embed"]
+        return Batch(**cond)
+
+    @torch.no_grad()
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+        """Image embeddings [n, D] (unit norm) for cond's captions."""
+        return self.image_embeds_for(list(cond["text"])[:n], generator, **opts)
+
+    @torch.no_grad()
+    def retrieval_bank(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """Held-out images [m, C, S, S] and their CLIP embeddings [m, D], made once."""
+        if self._bank is None:
+            if self.heldout is None:
+                raise ValueError("no held-out images to show the predicted embeddings by")
+            images = self.heldout.samples(RETRIEVAL_BANK, spread=True)["image"].to(device)
+            self._bank = (images, self.image_embeds(images))
+        images, embeds = self._bank
+        return images.to(device), embeds.to(device)
+
+    def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int | None]:
+        """What a predicted embedding looks like without a decoder: the held-out image nearest to it in CLIP space
+        (cosine), each row of them below the row of the captions' true images when there are any."""
+        bank, embeds = self.retrieval_bank(images.device)
+        nearest = bank[(images.to(embeds) @ embeds.T).argmax(dim=1)]  # [n, C, S, S]
+        if "image" not in cond:
+            return nearest, None
+        return interleave_rows([cond["image"].to(nearest), nearest])
