@@ -198,7 +198,8 @@ def _flag_usage(option: FamilyOption) -> str:
     if _is_flag(option):
         return f"{flag} / --no-{flag[2:]}"
     kinds = [t.__name__.upper() for t in typing.get_args(option.field.annotation) if t is not type(None)]
-    return f"{flag} {'IMAGE' if option.read == 'image' else 'FILE' if option.read else (kinds or ['VALUE'])[0]}"
+    shown = {"image": "IMAGE", "lines": "FILE", "run": "RUN_DIR"}.get(option.read or "", (kinds or ["VALUE"])[0])
+    return f"{flag} {shown}"
 
 
 def _family_args(ctx: typer.Context) -> dict[str, Any]:

@@ -19,10 +19,11 @@ from torch import Tensor
 
 from genforge.app import runs
 from genforge.app.config import RunConfig, config_from_dict, load_config
-from genforge.core.config import StrictModel
+from genforge.core.config import ConfigError, StrictModel
 from genforge.core.precision import check_precision
-from genforge.core.task import Batch
+from genforge.core.task import Batch, Task
 from genforge.data.images import center_crop_resize, load_rgb, to_pil, to_tensor
+from genforge.engine.checkpoint import CheckpointReadError
 from genforge.eval.run import Report, evaluate_task, generate, write_eval_results
 
 ImageInput = Union[Image.Image, str, Path, Tensor]  # a PIL image, an image file, or a tensor [k, C, H, W] in [-1, 1]
@@ -74,6 +75,20 @@ def read_lines(value: str | Path | Sequence[str], name: str = "prompts") -> list
     return prompts
 
 
+def read_run(value: str | Path | runs.LoadedRun | Task, name: str = "run") -> Task:
+    """The task of another run an option names (`read: run`, e.g. dalle2_decoder's --prior): a run directory, opened
+    with its EMA weights on the default device, or a run or task already open (the Python API). ValueError naming
+    `name` when it is not a usable run."""
+    if isinstance(value, runs.LoadedRun):
+        return value.task
+    if isinstance(value, Task):
+        return value
+    try:
+        return runs.load_run(Path(value), default_device()).task
+    except (ConfigError, CheckpointReadError) as err:
+        raise ValueError(f"{name} {value}: {err}") from None
+
+
 def _validated(model: type[StrictModel], given: dict[str, Any], spell: Spell) -> StrictModel:
     """`given` validated by `model`; ValueError naming the first bad option, its value and why."""
     try:
@@ -88,7 +103,7 @@ def family_options(config: RunConfig, given: dict[str, Any], command: str = "sam
                    ) -> dict[str, Any]:
     """The options of the run's family (`FamilyConfig.sample_options`) in `given`, validated by its options model,
     with the files `read: image` / `read: lines` options name read (a tensor, a list of prompts; a PIL image, a
-    tensor or a list given instead is taken as it is). ValueError naming the option when it is unknown, belongs to
+    tensor or a list given instead is taken as it is) and the runs `read: run` options name opened (`read_run`). ValueError naming the option when it is unknown, belongs to
     other families, or its value is bad."""
     family = config.model.family
     known = {option.name: option for option in runs.family_sample_options(command)}
@@ -110,6 +125,8 @@ def family_options(config: RunConfig, given: dict[str, Any], command: str = "sam
             value = read_image(value, config.data.image_size, spell(key))
         elif known[key].read == "lines":
             value = read_lines(value, spell(key))
+        elif known[key].read == "run":
+            value = read_run(value, spell(key))
         values[key] = value
     return values
 

@@ -354,8 +354,9 @@ class SampleOptions(StrictModel):
     --help`, validates what was given with this model and hands the values set to the task's `sample_conditions`,
     `sample` and `sampler_settings` as keyword arguments. A field's `json_schema_extra` may say `read: image` (the value
     names an image file, read and resized like the training images: a tensor [1, C, S, S] in [-1, 1] reaches the task)
-    or `read: lines` (a text file: its non-empty lines reach the task as a list), and `eval: true` (`genforge eval`
-    takes it too)."""
+    or `read: lines` (a text file: its non-empty lines reach the task as a list) or `read: run` (a run directory:
+    the run's task, opened with its EMA weights, reaches the task), and `eval: true` (`genforge eval` takes it
+    too)."""
 
 
 class FamilyConfig(StrictModel):

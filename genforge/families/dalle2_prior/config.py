@@ -57,9 +57,9 @@ class Dalle2PriorConfig(FamilyConfig):
         return True
 
     def check_data(self, data: DataConfig) -> None:
-        if data.source == "cache":
-            raise ValueError("data.source=cache: the prior trains on captioned images (data.source shapes, folder "
-                             "or shards with captions); the clip run embeds both")
+        if data.source == "cache" and self.embedder.source != "clip_run":
+            raise ValueError("data.source=cache needs model.embedder.source=clip_run, naming the clip run that wrote "
+                             "the cache (`genforge encode RUN`): its image embeddings are checked against it")
 
     def input_runs(self) -> dict[str, InputRun]:
         if self.embedder.source != "clip_run":

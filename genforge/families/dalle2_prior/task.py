@@ -1,7 +1,8 @@
 """dalle2_prior as a Task: DALL·E 2's diffusion prior (Ramesh et al. 2022, §2.2), as DALLE2-pytorch's `DiffusionPrior`
 trains it.
 
-Training: the CLIP image embedding of each training image, L2-normalised and scaled by √D (so its entries have unit
+Training: the CLIP image embedding of each training image (embedded each step, or read from a `genforge encode` cache
+of the same clip run), L2-normalised and scaled by √D (so its entries have unit
 variance; DALLE2-pytorch's `image_embed_scale`), is the x₀ of a Gaussian diffusion (cosine schedule); the network
 predicts x₀ itself ("we found it better to train our prior to predict the unnoised CLIP image embedding directly",
 §2.2) from x_t, t and the caption's CLIP text embedding and encodings, which are replaced by learned null conditions
@@ -96,8 +97,12 @@ class Dalle2PriorTask(Task):
         if "text" not in batch:
             raise ValueError("the prior trains on captioned images: the batch has no captions (an image folder "
                              "needs a <stem>.txt per image; shards a .txt)")
-        rng, device = batch["rng"], batch["image"].device
-        x0 = self.image_embeds(batch["image"]) * self.scale  # [B, D], entries of unit variance
+        rng = batch["rng"]
+        if "image_embed" in batch:  # a cache of the clip run's image embeddings (genforge encode)
+            x0 = F.normalize(batch["image_embed"].float(), dim=-1) * self.scale  # [B, D], entries of unit variance
+        else:
+            x0 = self.image_embeds(batch["image"]) * self.scale
+        device = x0.device
         kwargs = self.text_conditions(batch["text"], device)
         kwargs["keep"] = rng.rand() >= self.cfg.cond_drop_prob  # [B] bool
         time, noise = self.objective.draw(rng, x0)

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from family_contract import FamilyContract
 
 from genforge.app.config import load_config
-from genforge.app.runs import build_task, load_run, make_trainer
+from genforge.app.encode import encode_dataset
+from genforge.app.runs import build_task, load_codec, load_run, make_trainer
 from genforge.core.codec import TextEncodingEmbedder, TextToImageEmbedding
 from genforge.core.random import BatchRandom
 from genforge.eval.embedding_metrics import prior_similarities, unrelated_rows
@@ -137,3 +138,16 @@ def test_a_trained_prior_opens_and_evaluates(tmp_path):
     gen = torch.Generator().manual_seed(0)
     cond = run.task.sample_conditions(4, gen)
     assert {"text", "image_embed", "caption_embed", "label"} <= set(cond)
+
+
+
+def test_it_trains_on_a_cache_of_the_clip_runs_embeddings(tmp_path):
+    """`genforge encode CLIP_RUN` once: the prior reads the stored image embeddings (checked against the run)."""
+    codec, info = load_codec(CLIP_RUN)
+    cfg = load_config("dalle2-prior-debug", [*ON_CLIP, "data.shapes.n=32"])
+    encode_dataset(codec, info, cfg.data, tmp_path / "cache", flip=True)
+    on_cache = load_config("dalle2-prior-debug", [*ON_CLIP, "data.source=cache", f"data.path={tmp_path / 'cache'}",
+                                                  "train.steps=2", "train.checkpoint_every=2", "train.sample_every=0",
+                                                  "eval.every=0"])
+    make_trainer(on_cache, tmp_path / "prior").fit()
+    assert (tmp_path / "prior" / "checkpoints" / "step-000002").is_dir()
