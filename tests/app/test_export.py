@@ -149,8 +149,10 @@ def test_latent_dit_exports_a_dit_pipeline_that_samples_what_genforge_samples(ru
     assert ours.std() > 0.01 and _max_diff(theirs, ours) < 1e-5  # measured 4e-7 (as loaded, without the shift: 6e-4)
 
 
-def test_unet_exports_a_unet2d_model(tmp_path):
-    run = _built("unet-shapes", *UNET_16PX)
+@pytest.mark.parametrize("mid_attention", ["true", "false"])
+def test_unet_exports_a_unet2d_model(tmp_path, mid_attention):
+    """Also without the middle block's attention (model.unet.mid_attention=false: UNet2DModel's add_attention)."""
+    run = _built("unet-shapes", *UNET_16PX, f"model.unet.mid_attention={mid_attention}")
     exported = export_loaded(run, tmp_path / "unet", "diffusers")
     assert exported.folders == {"unet": "UNet2DModel", "scheduler": "FlowMatchEulerDiscreteScheduler"}
     unet = UNet2DModel.from_pretrained(tmp_path / "unet" / "unet").eval()

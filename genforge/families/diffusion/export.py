@@ -135,7 +135,7 @@ def unet_model(unet: UNet, cfg: UNetConfig, sample_size: int) -> UNet2DModel:
         block_out_channels=tuple(cfg.dim * m for m in cfg.dim_mults), layers_per_block=cfg.num_res_blocks,
         downsample_type="resnet", upsample_type="resnet", dropout=cfg.dropout, act_fn="silu",
         attention_head_dim=cfg.head_dim, norm_num_groups=groups, attn_norm_num_groups=groups, norm_eps=1e-6,
-        resnet_time_scale_shift="scale_shift", num_class_embeds=classes)
+        resnet_time_scale_shift="scale_shift", num_class_embeds=classes, add_attention=cfg.mid_attention)
     model.load_state_dict(unet_state_dict(unet, cfg))
     return model.eval()
 
@@ -144,7 +144,7 @@ def unet_state_dict(unet: UNet, cfg: UNetConfig) -> dict[str, Tensor]:
     """genforge U-Net weights under UNet2DModel's names: level l's k-th block of the way down is
     down_blocks.l.resnets.k (+ attentions.k), its down-sampling block down_blocks.l.downsamplers.0; the way up
     mirrors it (up_blocks.u, u = levels - 1 - l, with upsamplers.0); middle.0/1/2 -> mid_block resnets.0,
-    attentions.0, resnets.1."""
+    attentions.0, resnets.1 (without mid_attention: middle.0/1 -> resnets.0/1)."""
     weights: dict[str, Tensor] = {}
     _linear(weights, "time_embedding.linear_1", unet.time_embed[0])
     _linear(weights, "time_embedding.linear_2", unet.time_embed[2])
@@ -160,8 +160,9 @@ def unet_state_dict(unet: UNet, cfg: UNetConfig) -> dict[str, Tensor]:
         if level < len(cfg.dim_mults) - 1:
             _resblock(weights, f"down_blocks.{level}.downsamplers.0", next(blocks)[0])
     _resblock(weights, "mid_block.resnets.0", unet.middle[0])
-    _attention(weights, "mid_block.attentions.0", unet.middle[1])
-    _resblock(weights, "mid_block.resnets.1", unet.middle[2])
+    if cfg.mid_attention:
+        _attention(weights, "mid_block.attentions.0", unet.middle[1])
+    _resblock(weights, "mid_block.resnets.1", unet.middle[-1])
     blocks = iter(unet.up)
     for u in range(len(cfg.dim_mults)):
         for k in range(cfg.num_res_blocks + 1):
