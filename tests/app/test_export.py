@@ -20,6 +20,7 @@ from genforge.core.config import ConfigError
 from genforge.core.export import ExportError
 from genforge.core.random import mix_seed
 from genforge.core.registry import FAMILIES
+from genforge.diffusion import clip_x0
 from genforge.eval.run import generate
 
 runner = CliRunner()
@@ -115,6 +116,7 @@ def test_dit_exports_a_transformer_equal_to_genforges_but_for_the_timestep_shift
     scheduler = DDIMScheduler.from_pretrained(tmp_path / "dit" / "scheduler")
     assert scheduler.config.num_train_timesteps == 100 and scheduler.config.beta_end == pytest.approx(0.2)
     assert scheduler.config.clip_sample  # pixels: x0 clipped to [-1, 1], as genforge does
+    assert not scheduler.config.thresholding
 
     dit, k = run.task.model, run.task.num_classes
     g = torch.Generator().manual_seed(1)
@@ -160,6 +162,17 @@ def test_unet_exports_a_unet2d_model(tmp_path, mid_attention):
         torch.tensor([1, run.task.num_classes])
     with torch.no_grad():
         assert _max_diff(unet(x, t, class_labels=y).sample, run.task.model(x, t, y=y)) < 1e-5
+
+
+def test_dynamic_thresholding_reaches_the_ddim_scheduler(tmp_path):
+    """model.diffusion.dynamic_threshold: diffusers' own thresholding at that quantile, s not bounded above; the
+    scheduler's x̂₀ is genforge's."""
+    run = _built("dit-debug", "model.diffusion.dynamic_threshold=0.9")
+    export_loaded(run, tmp_path / "dit", "diffusers")
+    scheduler = DDIMScheduler.from_pretrained(tmp_path / "dit" / "scheduler")
+    assert scheduler.config.thresholding and scheduler.config.dynamic_thresholding_ratio == 0.9
+    x0 = 3 * torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert _max_diff(scheduler._threshold_sample(x0), clip_x0(x0, 0.9)) < 1e-5
 
 
 @pytest.mark.parametrize("objective", ["flow", "edm"])
