@@ -251,8 +251,11 @@ class TrainConfig(StrictModel):
                     "(checkpoints/step-NNNNNN): a fresh run starts from its model and EMA weights with a fresh "
                     "optimizer and step 0 (fine-tuning); ignored once this run has its own checkpoint (a resume)")
     ema_decay: float = Field(0.9999, ge=0.0, lt=1.0)
-    ema_warmup: bool = Field(True, description="decay ramps as min(decay, (1+n)/(10+n))")
-    ema_start: int = Field(0, ge=0, description="steps before EMA starts averaging (it copies until then)")
+    ema_warmup: bool = Field(True, description="decay ramps as min(decay, (1+n)/(10+n)), n = the updates of the "
+                                               "phase whose weights are averaged (a phase first trained in a "
+                                               "resumed run warms up from its own first update)")
+    ema_start: int = Field(0, ge=0, description="updates of a phase before EMA starts averaging its weights (it "
+                                                "copies until then)")
     log_every: int = Field(10, gt=0)
     sample_every: int = Field(500, ge=0, description="0: only at the end")
     num_samples: int = Field(16, gt=0, le=256, description="images in each preview grid")

@@ -52,7 +52,8 @@ def sampling_process(cfg: DiffusionConfig, *, model: Model, model_kwargs: dict[s
                      null_kwargs: dict[str, Tensor] | None) -> SamplingProcess:
     """What `SAMPLERS[sampler]` runs on for `steps` steps: the model, guided by `cfg_scale` against `null_kwargs`
     (within `guidance_interval`), on the respaced chain (ddpm, ddim) or as the objective's denoiser with its σ
-    steps (σ-samplers); `clip`: the data lives in [-1, 1]. ValueError for a sampler the objective cannot run."""
+    steps (σ-samplers); `clip`: the data lives in [-1, 1], so every sampler brings x̂₀ into it at each step (clipped,
+    or with `cfg.dynamic_threshold` dynamically thresholded). ValueError for a sampler the objective cannot run."""
     entry = SAMPLERS.get(sampler, "--sampler")
     if entry.discrete and cfg.objective != "ddpm":
         raise ValueError(sampler_mismatch(sampler, cfg.objective))
@@ -68,9 +69,10 @@ def sampling_process(cfg: DiffusionConfig, *, model: Model, model_kwargs: dict[s
         model = classifier_free_guidance(model, cfg_scale, null_kwargs, out_channels=channels, active=active)
     if entry.discrete:
         chain = build_diffusion(cfg.model_copy(update={"sampler": sampler}), sample_steps=steps)
-        return SamplingProcess(model, model_kwargs, clip, diffusion=chain)
-    denoise = objective.denoiser(model, model_kwargs, channels, clip)
-    return SamplingProcess(model, model_kwargs, clip, denoise=denoise, sigmas=objective.sigmas(steps, cfg.rho))
+        return SamplingProcess(model, model_kwargs, clip, dynamic_threshold=cfg.dynamic_threshold, diffusion=chain)
+    denoise = objective.denoiser(model, model_kwargs, channels, clip, cfg.dynamic_threshold)
+    return SamplingProcess(model, model_kwargs, clip, dynamic_threshold=cfg.dynamic_threshold, denoise=denoise,
+                           sigmas=objective.sigmas(steps, cfg.rho))
 
 
 @torch.no_grad()

@@ -15,7 +15,8 @@ class DiffusionConfig(StrictModel):
     """The objective (IDDPM's discrete chain by default, as DiT; rectified flow; EDM), its sampler and guidance."""
 
     may_change_on_resume: ClassVar[frozenset[str]] = frozenset({  # sampling only
-        "sampler", "sample_steps", "ddim_eta", "cfg_scale", "guidance_interval", "rho", "flow_shift"})
+        "sampler", "sample_steps", "ddim_eta", "cfg_scale", "guidance_interval", "rho", "flow_shift",
+        "dynamic_threshold"})
 
     objective: Literal["ddpm", "flow", "edm"] = Field(
         "ddpm", description="ddpm: IDDPM (Nichol & Dhariwal 2021); flow: rectified flow, velocity target (Liu et al. "
@@ -52,6 +53,12 @@ class DiffusionConfig(StrictModel):
     cfg_scale: float = Field(4.0, ge=1.0, description="classifier-free guidance scale; 1 disables")
     guidance_interval: tuple[float, float] | None = Field(
         None, description="guide only at noise levels σ in (lo, hi] (Kynkäänniemi et al. 2024); None: at every step")
+    dynamic_threshold: float | None = Field(
+        None, gt=0.0, le=1.0, description="pixel data: at each sampling step, x̂₀ is divided by s = max(1, this "
+                                          "quantile of |x̂₀| per sample) after clamping it to [−s, s] (Imagen's "
+                                          "dynamic thresholding, Saharia et al. 2022 §2.3; 0.995 there, 0.95 in "
+                                          "DALLE2-pytorch); None: the static clip to [−1, 1]. Latents are not "
+                                          "clipped either way")
 
     @field_validator("sampler")
     @classmethod

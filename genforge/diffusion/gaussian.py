@@ -74,6 +74,25 @@ def discretized_gaussian_log_likelihood(x: Tensor, means: Tensor, log_scales: Te
     return torch.where(x < -0.999, log(upper), torch.where(x > 0.999, log(1.0 - lower), log(upper - lower)))
 
 
+def clip_x0(x0: Tensor, dynamic_threshold: float | None = None) -> Tensor:
+    """x̂₀ of pixel data brought into [-1, 1]: the static clip, or with `dynamic_threshold` = p Imagen's dynamic
+    thresholding (Saharia et al. 2022, §2.3): s = the p-quantile of |x̂₀| over each sample's elements (linear
+    interpolation between order statistics, as torch.quantile), s = max(s, 1), x̂₀ = clamp(x̂₀, −s, s) / s. Where
+    s = 1 it is the static clip; a saturated x̂₀ (large guidance) is shrunk instead of flattened at ±1."""
+    if dynamic_threshold is None:
+        return x0.clamp(-1, 1)
+    flat = x0.detach().abs().flatten(1).float()  # [B, N]
+    n = flat.shape[1]
+    position = dynamic_threshold * (n - 1)  # of the p-quantile among the sorted |x̂₀| (0-based)
+    low = min(int(math.floor(position)), n - 1)
+    frac = position - low
+    s = flat.kthvalue(low + 1, dim=1).values  # [B]
+    if frac > 0:
+        s = s + frac * (flat.kthvalue(low + 2, dim=1).values - s)
+    s = s.clamp_min(1.0).view(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
+    return x0.clamp(-s, s) / s
+
+
 class GaussianDiffusion:
     """Forward process q, reverse process p_θ, training losses and the DDPM/DDIM samplers for T = len(betas) steps."""
 
@@ -170,9 +189,11 @@ class GaussianDiffusion:
         return (out[:, :c], out[:, c:]) if self.var_type == VarType.LEARNED_RANGE else (out, None)
 
     def p_mean_variance(self, model: Model, x: Tensor, t: Tensor, model_kwargs: dict[str, Any] | None = None,
-                        clip_denoised: bool = True, model_output: Tensor | None = None) -> dict[str, Tensor]:
+                        clip_denoised: bool = True, model_output: Tensor | None = None,
+                        dynamic_threshold: float | None = None) -> dict[str, Tensor]:
         """p_θ(x_{t−1} | x_t) = N(μ̃_t(x̂_0, x_t), Σ_θ) (DDPM eq. 1, IDDPM eq. 15): dict of mean, variance,
-        log_variance, pred_xstart (x̂_0, clipped to [-1, 1] with clip_denoised) and eps (ε implied by x̂_0).
+        log_variance, pred_xstart (x̂_0, with clip_denoised brought into [-1, 1] by `clip_x0`: clipped, or
+        dynamically thresholded at the `dynamic_threshold` quantile) and eps (ε implied by x̂_0).
         Pass `model_output` to reuse an output already computed for (x, t)."""
         out = self._run_model(model, x, t, model_kwargs) if model_output is None else model_output
         mean_out, var_out = self._split_output(out, x)
@@ -195,7 +216,7 @@ class GaussianDiffusion:
         else:
             pred_xstart = self.predict_xstart_from_v(x, t, mean_out)
         if clip_denoised:
-            pred_xstart = pred_xstart.clamp(-1, 1)
+            pred_xstart = clip_x0(pred_xstart, dynamic_threshold)
         mean, _, _ = self.q_posterior_mean_variance(pred_xstart, x, t)
         return {"mean": mean, "variance": variance, "log_variance": log_variance, "pred_xstart": pred_xstart,
                 "eps": self.predict_eps_from_xstart(x, t, pred_xstart)}
@@ -277,12 +298,13 @@ class GaussianDiffusion:
     def p_sample_loop(self, model: Model, shape: tuple[int, ...], noise: Tensor | None = None,
                       model_kwargs: dict[str, Any] | None = None, clip_denoised: bool = True,
                       generator: torch.Generator | None = None, progress: bool = False,
-                      device: torch.device | str | None = None) -> Tensor:
+                      device: torch.device | str | None = None, dynamic_threshold: float | None = None) -> Tensor:
         """Ancestral sampling x_T → x_0 (DDPM Algorithm 2), no noise added at the last step. Runs on `device`,
-        else noise's, else the generator's, else the CPU."""
+        else noise's, else the generator's, else the CPU. With clip_denoised, x̂_0 is clipped or dynamically
+        thresholded (`clip_x0`)."""
 
         def step(x: Tensor, t: Tensor, i: int) -> Tensor:
-            out = self.p_mean_variance(model, x, t, model_kwargs, clip_denoised)
+            out = self.p_mean_variance(model, x, t, model_kwargs, clip_denoised, dynamic_threshold=dynamic_threshold)
             if i == 0:
                 return out["mean"]
             return out["mean"] + torch.exp(0.5 * out["log_variance"]) * self._randn(tuple(x.shape), generator, x.device)
@@ -293,12 +315,13 @@ class GaussianDiffusion:
     def ddim_sample_loop(self, model: Model, shape: tuple[int, ...], noise: Tensor | None = None,
                          model_kwargs: dict[str, Any] | None = None, clip_denoised: bool = True,
                          generator: torch.Generator | None = None, progress: bool = False,
-                         device: torch.device | str | None = None, eta: float = 0.0) -> Tensor:
+                         device: torch.device | str | None = None, eta: float = 0.0,
+                         dynamic_threshold: float | None = None) -> Tensor:
         """DDIM (Song et al. 2021, eq. 12 with σ_t(η) of eq. 16): η = 0 is deterministic, η = 1 is DDPM-like.
         Same arguments as p_sample_loop; the model's variance output, if any, is unused."""
 
         def step(x: Tensor, t: Tensor, i: int) -> Tensor:
-            out = self.p_mean_variance(model, x, t, model_kwargs, clip_denoised)
+            out = self.p_mean_variance(model, x, t, model_kwargs, clip_denoised, dynamic_threshold=dynamic_threshold)
             ac, ac_prev = self._coef("alphas_cumprod", t, x), self._coef("alphas_cumprod_prev", t, x)
             sigma = eta * torch.sqrt((1 - ac_prev) / (1 - ac) * (1 - ac / ac_prev))
             direction = torch.sqrt((1 - ac_prev - sigma**2).clamp(min=0)) * out["eps"]  # points to x_t

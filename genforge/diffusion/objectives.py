@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from genforge.core.random import BatchRandom
-from genforge.diffusion.gaussian import GaussianDiffusion, MeanType, Model, mean_flat
+from genforge.diffusion.gaussian import GaussianDiffusion, MeanType, Model, clip_x0, mean_flat
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]  # D(x [B, C, ...], σ [B]) -> x̂₀ [B, C, ...]
 
@@ -61,9 +61,10 @@ class Objective:
         """Per-example losses [B] of the batch x0 at the drawn `time` and `noise`: "loss", plus parts to log."""
         raise NotImplementedError
 
-    def denoiser(self, model: Model, model_kwargs: dict[str, Any] | None, channels: int,
-                 clip: bool = False) -> Denoiser:
-        """D(x; σ): the model as an estimator of x₀ from x = x₀ + σ·ε (clamped to [-1, 1] with `clip`)."""
+    def denoiser(self, model: Model, model_kwargs: dict[str, Any] | None, channels: int, clip: bool = False,
+                 dynamic_threshold: float | None = None) -> Denoiser:
+        """D(x; σ): the model as an estimator of x₀ from x = x₀ + σ·ε (with `clip` brought into [-1, 1] by
+        `clip_x0`: clamped, or dynamically thresholded at the `dynamic_threshold` quantile)."""
         raise NotImplementedError
 
     def sigmas(self, steps: int, rho: float = 7.0) -> Tensor:
@@ -111,8 +112,8 @@ class DDPMObjective(Objective):
         frac = t - low
         return (table[low] * (1 - frac) + table[low + 1] * frac).exp().float()
 
-    def denoiser(self, model: Model, model_kwargs: dict[str, Any] | None, channels: int,
-                 clip: bool = False) -> Denoiser:
+    def denoiser(self, model: Model, model_kwargs: dict[str, Any] | None, channels: int, clip: bool = False,
+                 dynamic_threshold: float | None = None) -> Denoiser:
         mean_type = self.diffusion.mean_type
 
         def denoise(x: Tensor, sigma: Tensor) -> Tensor:
@@ -125,7 +126,7 @@ class DDPMObjective(Objective):
                 x0 = out
             else:  # v = √ᾱ·ε − √(1−ᾱ)·x₀  =>  x₀ = √ᾱ·x_t − √(1−ᾱ)·v
                 x0 = alpha_bar.sqrt() * x_t - (1 - alpha_bar).sqrt() * out
-            return x0.clamp(-1, 1) if clip else x0
+            return clip_x0(x0, dynamic_threshold) if clip else x0
 
         return denoise
 
@@ -174,14 +175,14 @@ class FlowObjective(Objective):
         t = t / self.TIME_SCALE
         return t / (1 - t).clamp_min(1e-12)
 
-    def denoiser(self, model: Model, model_kwargs: dict[str, Any] | None, channels: int,
-                 clip: bool = False) -> Denoiser:
+    def denoiser(self, model: Model, model_kwargs: dict[str, Any] | None, channels: int, clip: bool = False,
+                 dynamic_threshold: float | None = None) -> Denoiser:
         def denoise(x: Tensor, sigma: Tensor) -> Tensor:
             t = sigma.double() / (1 + sigma.double())  # [B]
             x_t = x / _expand(1 + sigma.double(), x)
             v = model(x_t, (t * self.TIME_SCALE).float(), **(model_kwargs or {}))[:, :channels]
             x0 = x_t - _expand(t, x) * v
-            return x0.clamp(-1, 1) if clip else x0
+            return clip_x0(x0, dynamic_threshold) if clip else x0
 
         return denoise
 
@@ -232,11 +233,11 @@ class EDMObjective(Objective):
     def sigma_of_time(self, t: Tensor) -> Tensor:
         return (t / self.TIME_SCALE * 4).exp()
 
-    def denoiser(self, model: Model, model_kwargs: dict[str, Any] | None, channels: int,
-                 clip: bool = False) -> Denoiser:
+    def denoiser(self, model: Model, model_kwargs: dict[str, Any] | None, channels: int, clip: bool = False,
+                 dynamic_threshold: float | None = None) -> Denoiser:
         def denoise(x: Tensor, sigma: Tensor) -> Tensor:
             x0 = self.precondition(model, x, sigma, model_kwargs, channels)
-            return x0.clamp(-1, 1) if clip else x0
+            return clip_x0(x0, dynamic_threshold) if clip else x0
 
         return denoise
 

@@ -25,12 +25,15 @@ __all__ = ["SAMPLERS", "Sampler", "SamplerFn", "SamplingProcess", "sample_ddim",
 
 @dataclass
 class SamplingProcess:
-    """What a sampler runs on. The DDPM chain (ddpm, ddim): `model`, `model_kwargs`, `clip_denoised` and the respaced
-    `diffusion`. The σ-samplers: `denoise` (D(x; σ), σ [B]) and `sigmas` (decreasing, ending at 0)."""
+    """What a sampler runs on. The DDPM chain (ddpm, ddim): `model`, `model_kwargs`, `clip_denoised` (with
+    `dynamic_threshold`: Imagen's dynamic thresholding of x̂₀ instead of the static clip) and the respaced
+    `diffusion`. The σ-samplers: `denoise` (D(x; σ), σ [B], which clips by itself) and `sigmas` (decreasing, ending
+    at 0)."""
 
     model: Model | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     clip_denoised: bool = False
+    dynamic_threshold: float | None = None
     diffusion: GaussianDiffusion | None = None
     denoise: Denoiser | None = None
     sigmas: Tensor | None = None
@@ -63,7 +66,8 @@ def sample_ddpm(process: SamplingProcess, noise: Tensor, *, generator: torch.Gen
     """Ancestral sampling (Ho et al. 2020, Algorithm 2); `eta` is unused."""
     return process.diffusion.p_sample_loop(process.model, tuple(noise.shape), noise=noise,
                                            model_kwargs=process.model_kwargs, clip_denoised=process.clip_denoised,
-                                           generator=generator, progress=progress)
+                                           generator=generator, progress=progress,
+                                           dynamic_threshold=process.dynamic_threshold)
 
 
 def sample_ddim(process: SamplingProcess, noise: Tensor, *, generator: torch.Generator | None, progress: bool,
@@ -71,7 +75,8 @@ def sample_ddim(process: SamplingProcess, noise: Tensor, *, generator: torch.Gen
     """DDIM (Song et al. 2021, eq. 12 with σ_t(η) of eq. 16): η = 0 deterministic, η = 1 DDPM-like."""
     return process.diffusion.ddim_sample_loop(process.model, tuple(noise.shape), noise=noise,
                                               model_kwargs=process.model_kwargs, clip_denoised=process.clip_denoised,
-                                              generator=generator, progress=progress, eta=eta)
+                                              generator=generator, progress=progress, eta=eta,
+                                              dynamic_threshold=process.dynamic_threshold)
 
 
 # ------------------------------------------------------------------------------------------- σ-samplers

@@ -12,41 +12,52 @@ from torch import Tensor, nn
 class EMA:
     """fp32 shadow copy of `module`'s trainable parameters (buffers, e.g. an EMA-updated codebook, stay live).
 
-    decay_n = min(decay, (1 + n) / (10 + n)) with warm-up, where n counts updates since `start`;
-    before `start` the shadow copies the weights. `decays` (parameter name -> decay) says which parameters an update
-    averages and with which decay (a phase's own `train.phases.<phase>.ema_decay`); the others keep their shadow
-    bit for bit (a stage of a cascade that this run does not train). Default: every parameter, at `decay`.
+    The parameters are averaged by phase: `phases` maps a phase name to (its decay, the names of the parameters it
+    trains), e.g. each U-Net of a cascade with its `train.phases.<phase>.ema_decay`; parameters of no phase keep their
+    shadow bit for bit (a stage of a cascade that this run does not train). Default: one phase, "main", averaging
+    every parameter at `decay`. Each phase counts its own updates n (`updates`, kept in checkpoints), and its decay
+    is min(decay, (1 + n) / (10 + n)) with warm-up, 0 (a copy) while n < `start`: a phase first trained late (a
+    cascade's second U-Net, a token critic added to a trained generator) warms up from its own first update, as it
+    would in a run of its own.
     """
 
     def __init__(self, module: nn.Module, decay: float, warmup: bool = True, start: int = 0,
-                 decays: dict[str, float] | None = None) -> None:
+                 phases: dict[str, tuple[float, list[str]]] | None = None) -> None:
         self.module, self.decay, self.warmup, self.start = module, decay, warmup, start
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         params = dict(module.named_parameters())
         self.shadow: dict[str, Tensor] = {n: params[n].detach().float().clone() for n in self.names}
-        decays = decays if decays is not None else dict.fromkeys(self.names, decay)
-        self.groups: dict[float, list[str]] = {}  # decay -> the names averaged with it
-        for name in self.names:
-            if name in decays:
-                self.groups.setdefault(decays[name], []).append(name)
+        phases = phases if phases is not None else {"main": (decay, self.names)}
+        trainable = set(self.names)
+        self.phases: dict[str, tuple[float, list[str]]] = {  # phase -> (decay, the names averaged with it)
+            phase: (phase_decay, [n for n in names if n in trainable]) for phase, (phase_decay, names) in phases.items()}
+        self.updates: dict[str, int] = dict.fromkeys(self.phases, 0)  # per phase (others' counts carried as loaded)
 
-    def decay_at(self, step: int, decay: float | None = None) -> float:
-        """The decay used by the update after optimizer step `step` (0 before `start`: copy) for a parameter whose
+    def decay_at(self, n: int, decay: float | None = None) -> float:
+        """The decay of a phase's update after its `n` earlier updates (0 before `start`: copy), for a phase whose
         configured decay is `decay` (default: the EMA's)."""
         decay = self.decay if decay is None else decay
-        if step < self.start:
+        if n < self.start:
             return 0.0
-        n = step - self.start
+        n -= self.start
         return min(decay, (1 + n) / (10 + n)) if self.warmup else decay
 
     @torch.no_grad()
-    def update(self, step: int) -> None:
-        """shadow <- decay·shadow + (1 − decay)·weights, for every averaged parameter at once (one call per decay)."""
+    def update(self) -> None:
+        """shadow <- decay·shadow + (1 − decay)·weights for every phase's parameters (one call per phase), each at
+        the decay of its own update count; then every phase has one more update."""
         params = dict(self.module.named_parameters())
-        for decay, names in self.groups.items():
-            live = [params[n].detach().float() for n in names]
-            shadow = [self.shadow[n] for n in names]
-            torch._foreach_lerp_(shadow, live, 1.0 - self.decay_at(step, decay))
+        for phase, (decay, names) in self.phases.items():
+            if names:
+                live = [params[n].detach().float() for n in names]
+                shadow = [self.shadow[n] for n in names]
+                torch._foreach_lerp_(shadow, live, 1.0 - self.decay_at(self.updates[phase], decay))
+            self.updates[phase] += 1
+
+    def load_updates(self, updates: dict[str, int]) -> None:
+        """Set the phases' update counts (from a checkpoint); the counts of phases this EMA does not average are kept
+        and written back unchanged."""
+        self.updates.update({phase: int(n) for phase, n in updates.items()})
 
     def state_dict(self) -> dict[str, Tensor]:
         return dict(self.shadow)

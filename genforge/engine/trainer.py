@@ -180,7 +180,7 @@ class Trainer:
             prepared = acc.prepare(self.task, *self.optimizers.values())
             self.model, prepared_optimizers = prepared[0], prepared[1:]
             self.optimizers = dict(zip(self.task.phases, prepared_optimizers))
-        self.ema = EMA(self.task.ema_module(), tc.ema_decay, tc.ema_warmup, tc.ema_start, self._ema_decays())
+        self.ema = EMA(self.task.ema_module(), tc.ema_decay, tc.ema_warmup, tc.ema_start, self._ema_phases())
         self.step = 0
         self.data_position = 0  # global batches consumed; ahead of `step` after a rollback skipped data
         self.rollbacks = 0
@@ -207,12 +207,16 @@ class Trainer:
         raise BadDataError(f"data.path={self.run.data.path!r}: {which} samples are unreadable ({reasons}"
                            f"{'; ...' if len(bad) > 3 else ''}); all are listed in {self.skips.path}")
 
-    def _ema_decays(self) -> dict[str, float]:
-        """The EMA decay of each parameter some phase trains (its phase's `ema_decay`); parameters no phase of this
-        run trains keep their EMA as it is."""
+    def _ema_phases(self) -> dict[str, tuple[float, list[str]]]:
+        """Each phase of this run with its EMA decay (`train.phases.<phase>.ema_decay`) and the names of the
+        averaged parameters it trains (the last phase that lists a parameter owns it); parameters no phase of this
+        run trains keep their EMA as it is. The EMA counts each phase's updates for its warm-up."""
         phase_of = {id(p): phase for phase in self.task.phases for p in self.task.parameters_for(phase)}
-        return {name: self.phase_train[phase_of[id(p)]].ema_decay
-                for name, p in self.task.ema_module().named_parameters() if id(p) in phase_of}
+        names: dict[str, list[str]] = {phase: [] for phase in self.task.phases}
+        for name, p in self.task.ema_module().named_parameters():
+            if id(p) in phase_of:
+                names[phase_of[id(p)]].append(name)
+        return {phase: (self.phase_train[phase].ema_decay, names[phase]) for phase in self.task.phases}
 
     # ------------------------------------------------------------------------------------ collectives
     def _any_rank(self, flag: bool | int) -> int:
@@ -350,6 +354,7 @@ class Trainer:
             "num_samples": dataset_size(self.dataset),  # None for a stream (webdataset shards)
             "data_slots": getattr(self.dataset, "slots", None),  # a stream's processes x workers
             "family_state": self.task.state_for_checkpoint(),
+            "ema_updates": dict(self.ema.updates),  # per phase: its EMA warm-up counts its own updates
             "data_info": asdict(self.data_info),
             "inputs": {field: dict(ref) for field, ref in self.task.input_references.items()},  # referred to
             "eval": self.last_eval if self.last_eval.get("step") == self.step else None,
@@ -518,6 +523,8 @@ class Trainer:
         if ema_weights is not None:
             new_averaged = {n for n, p in self.task.ema_module().named_parameters() if id(p) in fresh}
             self.ema.load_state_dict(ema_weights, may_lack=new_averaged)
+        if "ema" not in skip:
+            self.ema.load_updates(self._ema_updates(state, saved_phases))
         for phase in self.task.phase_names():
             if phase not in optimizer_states:
                 if phase in self.optimizers and acc.is_main_process:
@@ -551,6 +558,15 @@ class Trainer:
             print(f"genforge: batch size, data set size or (shards) processes x data.num_workers changed since "
                   f"{path.name}; the data order "
                   "from here on differs from an uninterrupted run", file=sys.stderr)
+
+    def _ema_updates(self, state: dict[str, Any], saved_phases: list[str]) -> dict[str, int]:
+        """Each phase's EMA update count in the checkpoint's trainer_state.json; a checkpoint written before the
+        counts were kept: the global step for the phases it had trained (what their warm-up counted then), 0 for
+        the others (they start fresh)."""
+        saved = state.get("ema_updates")
+        if saved is None:
+            saved = {phase: int(state["step"]) for phase in saved_phases}
+        return {**{phase: 0 for phase in self.task.phase_names()}, **saved}
 
     def _read_sharded(self, path: Path, phases: list[str], skip: set[str]) -> tuple[
             dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Any]]:
@@ -922,7 +938,7 @@ class Trainer:
                     bar.update(self.step)
                     continue
             else:
-                self.ema.update(self.step)
+                self.ema.update()
                 self.nonfinite_in_a_row = 0
             self.step += 1
             bar.update(1)

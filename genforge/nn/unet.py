@@ -108,19 +108,21 @@ class UNet(nn.Module):
 
     dim: width of the first level; dim_mults: width multiplier of each level (H halves from one level to the next);
     num_res_blocks: residual blocks per level on the way down (one more on the way up, ADM); attention_levels:
-    indices of the levels with attention (the middle always has it); head_dim: channels per attention head.
+    indices of the levels with attention; mid_attention: attention in the middle block between its two residual
+    blocks (ADM's; DALL·E 2's upsamplers have none: only convolutions); head_dim: channels per attention head.
     Conditioning (each optional): image_embed_dim (DALL·E 2: added to the timestep embedding and projected to
     `image_context_tokens` context tokens), text_dim (text encodings [B, L, D_txt] as context), num_classes (a label
     embedding added to the timestep embedding), lowres (the upsampler's low-resolution image as C extra input
     channels, with its noise-augmentation level embedded). Null conditions for classifier-free guidance are learned:
-    `image_keep` / `text_keep` / label `num_classes` select them.
+    `image_keep` / `text_keep` / label `num_classes` select them. A U-Net built without a condition has no layers
+    for it, and its forward refuses it (an unconditional upsampler takes no image embedding).
     """
 
     def __init__(self, in_channels: int = 3, out_channels: int = 3, dim: int = 64,
                  dim_mults: tuple[int, ...] = (1, 2, 4), num_res_blocks: int = 2,
                  attention_levels: tuple[int, ...] = (1, 2), head_dim: int = 32, dropout: float = 0.0,
-                 image_embed_dim: int = 0, image_context_tokens: int = 4, text_dim: int = 0, num_classes: int = 0,
-                 lowres: bool = False) -> None:
+                 mid_attention: bool = True, image_embed_dim: int = 0, image_context_tokens: int = 4,
+                 text_dim: int = 0, num_classes: int = 0, lowres: bool = False) -> None:
         super().__init__()
         if any(not 0 <= level < len(dim_mults) for level in attention_levels):
             raise ValueError(f"attention_levels={list(attention_levels)} must index dim_mults (0..{len(dim_mults) - 1})")
@@ -159,7 +161,8 @@ class UNet(nn.Module):
             if level < len(dim_mults) - 1:
                 self.down.append(nn.ModuleList([ResBlock(ch, ch, emb_dim, dropout, resample="down")]))
                 skips.append(ch)
-        self.middle = nn.ModuleList([ResBlock(ch, ch, emb_dim, dropout), AttentionBlock(ch, head_dim, context_dim),
+        middle_attention = [AttentionBlock(ch, head_dim, context_dim)] if mid_attention else []
+        self.middle = nn.ModuleList([ResBlock(ch, ch, emb_dim, dropout), *middle_attention,
                                      ResBlock(ch, ch, emb_dim, dropout)])
         # ---- up path: each block takes the matching skip
         self.up = nn.ModuleList()
@@ -230,6 +233,12 @@ class UNet(nn.Module):
         """x [B, C, H, W] (noisy), t [B] (timestep, float or long) -> [B, C_out, H, W]. image_embed [B, D_img],
         text_embed [B, L, D_txt] with text_mask bool [B, L], y long [B]; *_keep bool [B] (False: the null
         condition, for guidance); lowres [B, C, h, w] (resized to H×W here) with lowres_noise_level [B]."""
+        given = {"image_embed": image_embed, "image_keep": image_keep, "text_embed": text_embed,
+                 "text_mask": text_mask, "text_keep": text_keep, "y": y, "lowres": lowres,
+                 "lowres_noise_level": lowres_noise_level}
+        unexpected = [name for name, value in given.items() if value is not None and not self.takes(name)]
+        if unexpected:
+            raise ValueError(f"this U-Net was built without the conditioning {unexpected} (it has no layers for it)")
         if x.shape[-1] % self.downsample or x.shape[-2] % self.downsample:
             raise ValueError(f"U-Net with {int(math.log2(self.downsample)) + 1} levels needs H, W divisible by "
                              f"{self.downsample}, got {tuple(x.shape[-2:])}")
@@ -250,6 +259,18 @@ class UNet(nn.Module):
             h = self._run(block, torch.cat([h, skips.pop()], dim=1), emb, context, context_mask)
         return self.out(h)  # [B, C_out, H, W]
 
+    def takes(self, name: str) -> bool:
+        """Whether forward's conditioning input `name` (image_embed, text_embed, y, lowres, ... ) has layers here."""
+        if name.startswith("image_"):
+            return bool(self.image_embed_dim)
+        if name.startswith("text_"):
+            return bool(self.text_dim)
+        if name == "y":
+            return self.label_embed is not None
+        if name.startswith("lowres"):
+            return self.lowres
+        raise ValueError(f"unknown U-Net input {name!r}")
+
     @staticmethod
     def _run(layers: nn.ModuleList, h: Tensor, emb: Tensor, context: Tensor | None,
              context_mask: Tensor | None) -> Tensor:
@@ -267,6 +288,8 @@ class UNetConfig(StrictModel):
     attention_levels: tuple[int, ...] = Field((1, 2), description="levels (0 = full resolution) with attention")
     head_dim: int = Field(32, gt=0, description="channels per attention head")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    mid_attention: bool = Field(True, description="self-attention in the middle block (ADM); false: only "
+                                                  "convolutions there (DALL·E 2's upsamplers)")
 
     @model_validator(mode="after")
     def _levels_exist(self) -> "UNetConfig":
@@ -288,4 +311,5 @@ def build_unet(cfg: UNetConfig, **conditioning: int | bool) -> UNet:
     """The U-Net `cfg` describes; `conditioning` gives in/out channels and the UNet's conditioning arguments
     (num_classes, image_embed_dim, ...), keyword only."""
     return UNet(dim=cfg.dim, dim_mults=cfg.dim_mults, num_res_blocks=cfg.num_res_blocks,
-                attention_levels=cfg.attention_levels, head_dim=cfg.head_dim, dropout=cfg.dropout, **conditioning)
+                attention_levels=cfg.attention_levels, head_dim=cfg.head_dim, dropout=cfg.dropout,
+                mid_attention=cfg.mid_attention, **conditioning)

@@ -20,6 +20,7 @@ from genforge.core.config import ConfigError
 from genforge.core.export import ExportError
 from genforge.core.random import mix_seed
 from genforge.core.registry import FAMILIES
+from genforge.diffusion import clip_x0
 from genforge.eval.run import generate
 
 runner = CliRunner()
@@ -115,6 +116,7 @@ def test_dit_exports_a_transformer_equal_to_genforges_but_for_the_timestep_shift
     scheduler = DDIMScheduler.from_pretrained(tmp_path / "dit" / "scheduler")
     assert scheduler.config.num_train_timesteps == 100 and scheduler.config.beta_end == pytest.approx(0.2)
     assert scheduler.config.clip_sample  # pixels: x0 clipped to [-1, 1], as genforge does
+    assert not scheduler.config.thresholding
 
     dit, k = run.task.model, run.task.num_classes
     g = torch.Generator().manual_seed(1)
@@ -149,8 +151,10 @@ def test_latent_dit_exports_a_dit_pipeline_that_samples_what_genforge_samples(ru
     assert ours.std() > 0.01 and _max_diff(theirs, ours) < 1e-5  # measured 4e-7 (as loaded, without the shift: 6e-4)
 
 
-def test_unet_exports_a_unet2d_model(tmp_path):
-    run = _built("unet-shapes", *UNET_16PX)
+@pytest.mark.parametrize("mid_attention", ["true", "false"])
+def test_unet_exports_a_unet2d_model(tmp_path, mid_attention):
+    """Also without the middle block's attention (model.unet.mid_attention=false: UNet2DModel's add_attention)."""
+    run = _built("unet-shapes", *UNET_16PX, f"model.unet.mid_attention={mid_attention}")
     exported = export_loaded(run, tmp_path / "unet", "diffusers")
     assert exported.folders == {"unet": "UNet2DModel", "scheduler": "FlowMatchEulerDiscreteScheduler"}
     unet = UNet2DModel.from_pretrained(tmp_path / "unet" / "unet").eval()
@@ -158,6 +162,17 @@ def test_unet_exports_a_unet2d_model(tmp_path):
         torch.tensor([1, run.task.num_classes])
     with torch.no_grad():
         assert _max_diff(unet(x, t, class_labels=y).sample, run.task.model(x, t, y=y)) < 1e-5
+
+
+def test_dynamic_thresholding_reaches_the_ddim_scheduler(tmp_path):
+    """model.diffusion.dynamic_threshold: diffusers' own thresholding at that quantile, s not bounded above; the
+    scheduler's x̂₀ is genforge's."""
+    run = _built("dit-debug", "model.diffusion.dynamic_threshold=0.9")
+    export_loaded(run, tmp_path / "dit", "diffusers")
+    scheduler = DDIMScheduler.from_pretrained(tmp_path / "dit" / "scheduler")
+    assert scheduler.config.thresholding and scheduler.config.dynamic_thresholding_ratio == 0.9
+    x0 = 3 * torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert _max_diff(scheduler._threshold_sample(x0), clip_x0(x0, 0.9)) < 1e-5
 
 
 @pytest.mark.parametrize("objective", ["flow", "edm"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genforge.nn.unet import UNet, UNetConfig, build_unet
+from genforge.nn.unet import AttentionBlock, ResBlock, UNet, UNetConfig, build_unet
 
 
 def _unet(**kwargs) -> UNet:
@@ -73,3 +73,32 @@ def test_config_checks_and_builds():
     assert cfg.downsample == 4
     net = build_unet(cfg, in_channels=3, out_channels=3)
     assert net(torch.randn(1, 3, 8, 8), torch.tensor([0.0])).shape == (1, 3, 8, 8)
+
+
+def test_mid_attention_can_be_switched_off_leaving_a_convolutional_u_net():
+    """UNetConfig.mid_attention=false: the middle block is two residual blocks (DALL·E 2's upsamplers: only
+    convolutions); the default keeps ADM's attention there."""
+    assert UNetConfig().mid_attention
+    with_attention = build_unet(UNetConfig(dim=8, dim_mults=(1, 2), attention_levels=()), in_channels=3,
+                                out_channels=3)
+    assert sum(isinstance(m, AttentionBlock) for m in with_attention.modules()) == 1  # the middle's
+    conv = build_unet(UNetConfig(dim=8, dim_mults=(1, 2), attention_levels=(), mid_attention=False), in_channels=3,
+                      out_channels=3)
+    assert not any(isinstance(m, AttentionBlock) for m in conv.modules())
+    assert [type(m) for m in conv.middle] == [ResBlock, ResBlock]
+    out = _randomise(conv)(torch.randn(2, 3, 8, 8), torch.tensor([1.0, 2.0]))
+    assert out.shape == (2, 3, 8, 8) and torch.isfinite(out).all()
+
+
+def test_a_condition_the_u_net_was_built_without_is_refused():
+    net = _unet(lowres=True)  # no image embedding, text or labels: none of their layers
+    assert not any(name.startswith(("image_to", "null_", "text_to", "label_", "context_"))
+                   for name, _ in net.named_parameters())
+    x, t, low = torch.randn(1, 3, 16, 16), torch.tensor([1.0]), torch.randn(1, 3, 8, 8)
+    assert net(x, t, lowres=low).shape == (1, 6, 16, 16)
+    for name, value in [("image_embed", torch.randn(1, 12)), ("text_embed", torch.randn(1, 2, 8)),
+                        ("y", torch.tensor([1])), ("image_keep", torch.tensor([True]))]:
+        with pytest.raises(ValueError, match=f"without the conditioning \\['{name}'\\]"):
+            net(x, t, lowres=low, **{name: value})
+    with pytest.raises(ValueError, match="lowres"):
+        _unet()(x, t, lowres=low)

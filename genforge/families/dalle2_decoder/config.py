@@ -4,7 +4,7 @@ conditioned on CLIP image embeddings."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -15,20 +15,36 @@ from genforge.nn.unet import UNetConfig
 from genforge.text.config import TextEncoderConfig
 
 
-class StageConfig(StrictModel):
-    """One U-Net of the cascade: its output size, network and diffusion, and (upsamplers) how the low-resolution
-    conditioning image is degraded in training: Gaussian blur (DALL·E 2, App. C) and Gaussian noise augmentation of a
-    random level, which the U-Net is told (Ho et al. 2022, "Cascaded Diffusion Models", §4.2)."""
+# the model keys a resolved config.yaml of a run written before `text_phase` holds (Dalle2DecoderConfig)
+OLD_RESOLVED_KEYS = frozenset({"stages", "train_unets", "embedder", "text", "image_embed_dropout", "text_dropout"})
 
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"lowres_noise_sample"})  # sampling only
+
+class StageConfig(StrictModel):
+    """One U-Net of the cascade: its output size, network and diffusion, whether it is conditioned on the image
+    embedding (DALL·E 2 §2.1: the base model is, its upsamplers are unconditional ADMNets sampled without guidance),
+    and (upsamplers) how the low-resolution conditioning image is degraded in training: Gaussian blur in `blur_prob` of
+    the rows (DALL·E 2, App. C; Cascaded Diffusion Models, Ho et al. 2022, §3.1: half of them) and Gaussian noise
+    augmentation of a random level, which the U-Net is told (Ho et al. 2022, §4.2)."""
+
+    # sampling only, or the training augmentation from the resumed step on
+    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"lowres_noise_sample", "blur_prob"})
 
     image_size: int = Field(gt=0, description="side of this stage's output; the last stage's is data.image_size")
     unet: UNetConfig = UNetConfig()
     diffusion: DiffusionConfig = DiffusionConfig(noise_schedule="cosine", sampler="ddim", sample_steps=50,
                                                  cfg_scale=3.0)
+    conditioned: bool | None = Field(None, description="condition this U-Net on the image embedding (and "
+                                                       "model.text), guided at sampling; false: no embedding or "
+                                                       "text inputs at all, sampled without guidance (one forward "
+                                                       "per step); None: true for the first stage, false for "
+                                                       "upsamplers (DALL·E 2 §2.1)")
     blur_sigma: tuple[float, float] = Field((0.4, 0.6), description="upsamplers: σ (pixels) of the training blur of "
                                                                     "the low-res image, drawn uniformly in range")
     blur_kernel: int = Field(3, ge=1, le=15, description="upsamplers: blur kernel side (odd)")
+    blur_prob: float = Field(0.5, ge=0.0, le=1.0, description="upsamplers: share of training rows whose low-res "
+                                                              "image is blurred, drawn per row (Cascaded Diffusion "
+                                                              "Models §3.1, DALLE2-pytorch: 0.5; the others are "
+                                                              "clean, as at sampling); 1: every row")
     lowres_noise_max: float = Field(0.2, ge=0.0, le=1.0, description="upsamplers: training noise-augmentation level "
                                                                      "drawn uniformly in [0, this) (share of the "
                                                                      "augmentation schedule's 1000 steps)")
@@ -58,6 +74,10 @@ class EmbedderConfig(StrictModel):
                                                "clip_pretrained: a local transformers CLIPModel checkpoint directory")
     dim: int | None = Field(None, gt=0, description="source=data: the embeddings' width D")
     grid: int = Field(4, ge=1, le=16, description="source=pooled: pooled colours per side (D = 3·grid²)")
+    normalize: bool = Field(True, description="L2-normalise every image embedding before it conditions the U-Nets, "
+                                              "whatever its source (.npy in shards, a cache, the embedder, a "
+                                              "prompt), as CLIP's are; false: each as its source gives it (the "
+                                              "embedders' are unit vectors, data and caches as stored)")
 
     @model_validator(mode="after")
     def _fields_fit_the_source(self) -> "EmbedderConfig":
@@ -98,18 +118,49 @@ class Dalle2DecoderConfig(FamilyConfig):
                                                             "unet_training_mask); the others stay bit-for-bit as "
                                                             "they are; default: all")
     embedder: EmbedderConfig
-    text: TextEncoderConfig | None = Field(None, description="also condition every U-Net on the caption's text "
-                                                             "encodings (GLIDE's text context); None: image "
-                                                             "embeddings only")
+    text: TextEncoderConfig | None = Field(None, description="also condition the conditioned U-Nets on the "
+                                                             "caption's text encodings (GLIDE's text context); "
+                                                             "None: image embeddings only")
+    text_phase: int = Field(1, ge=1, description="the 1-based stage whose phase trains a trainable text encoder "
+                                                 "(model.text.kind=tiny) with its optimizer; the other phases use it "
+                                                 "as it is, and a run that does not train that stage leaves it as "
+                                                 "loaded")
     image_embed_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="share of training rows with the null image "
                                                                         "embedding, for guidance (DALL·E 2 §2.1)")
     text_dropout: float = Field(0.5, ge=0.0, lt=1.0, description="share of rows with the caption dropped (§2.1)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_runs_keep_their_cascade(cls, data: Any) -> Any:
+        """The config.yaml of a run written before `conditioned`, `blur_prob`, `text_phase` and
+        `embedder.normalize` (resolved configs hold every field: these six keys, and no text_phase) keeps what it
+        trained with: every stage conditioned, every row blurred, embeddings as their source gives them."""
+        if not (isinstance(data, dict) and OLD_RESOLVED_KEYS <= data.keys() and "text_phase" not in data):
+            return data
+        data = dict(data)
+        data["stages"] = [{"conditioned": True, "blur_prob": 1.0, **stage} if isinstance(stage, dict) else stage
+                          for stage in data["stages"]]
+        if isinstance(data["embedder"], dict):
+            data["embedder"] = {"normalize": False, **data["embedder"]}
+        return data
 
     @model_validator(mode="after")
     def _cascade(self) -> "Dalle2DecoderConfig":
         sizes = [stage.image_size for stage in self.stages]
         if any(b <= a for a, b in zip(sizes, sizes[1:])):
             raise ValueError(f"model.stages image sizes {sizes} must increase from one stage to the next")
+        if self.stages[0].conditioned is False:
+            raise ValueError("model.stages[0].conditioned=false: the first stage makes the image from the image "
+                             "embedding alone and must be conditioned on it (only upsamplers may be unconditional)")
+        for i, stage in enumerate(self.stages):
+            if stage.conditioned is None:  # resolved: the written config says what was built
+                stage.conditioned = i == 0
+        if not 1 <= self.text_phase <= len(self.stages):
+            raise ValueError(f"model.text_phase={self.text_phase} must name a stage among 1..{len(self.stages)}")
+        if self.text is not None and not self.stages[self.text_phase - 1].conditioned:
+            raise ValueError(f"model.text_phase={self.text_phase}: model.stages[{self.text_phase - 1}] is not "
+                             "conditioned (no text input), so its phase cannot train the text encoder; name a "
+                             "conditioned stage, or set its model.stages[i].conditioned=true")
         for i, stage in enumerate(self.stages):
             if stage.image_size % stage.unet.downsample:
                 raise ValueError(f"model.stages[{i}].image_size={stage.image_size} must be divisible by "

@@ -1,6 +1,7 @@
 """DALL·E 2's decoder (Ramesh et al. 2022, §2.1 and App. C): a cascade of diffusion U-Nets, the first generating a
-small image from a CLIP image embedding, each next one upsampling the previous stage's output, also conditioned on
-the embedding.
+small image from a CLIP image embedding, each next one upsampling the previous stage's output: in the paper an
+unconditional ADMNet (no embedding, no caption, no guidance), here too unless `model.stages[i].conditioned` says
+otherwise.
 
 Shapes: B batch, C = 3 channels, S_i the side of stage i, D the image-embedding width.
 """
@@ -40,15 +41,17 @@ def gaussian_blur(images: Tensor, sigma: Tensor, kernel: int) -> Tensor:
 
 
 class DecoderCascade(nn.Module):
-    """The U-Nets of the cascade, base first. Every U-Net takes the image embedding (added to its timestep embedding
-    and as four context tokens, §2.1), optionally text encodings; each upsampler also takes the previous stage's
-    image. Learned-variance stages output 2·C channels (IDDPM)."""
+    """The U-Nets of the cascade, base first. A conditioned U-Net takes the image embedding (added to its timestep
+    embedding and as four context tokens, §2.1), optionally text encodings; an unconditioned one has no layers for
+    either. Each upsampler also takes the previous stage's image. Learned-variance stages output 2·C channels
+    (IDDPM)."""
 
     def __init__(self, cfg: Dalle2DecoderConfig, image_embed_dim: int, text_dim: int = 0, channels: int = 3) -> None:
         super().__init__()
         self.unets = nn.ModuleList(
             build_unet(stage.unet, in_channels=channels, out_channels=channels * (2 if stage.diffusion.learn_sigma else 1),
-                             image_embed_dim=image_embed_dim, text_dim=text_dim, lowres=i > 0)
+                       image_embed_dim=image_embed_dim if stage.conditioned else 0,
+                       text_dim=text_dim if stage.conditioned else 0, lowres=i > 0)
             for i, stage in enumerate(cfg.stages))
 
     def __getitem__(self, index: int) -> UNet:

@@ -1,20 +1,24 @@
 """dalle2_decoder as a Task: one phase per trained U-Net of the cascade (`unet1`, `unet2`, ...), each on its own
-diffusion objective; sampling runs the cascade with classifier-free guidance at every stage.
+diffusion objective; sampling runs the cascade with classifier-free guidance at every conditioned stage.
 
-Conditioning (DALL·E 2 §2.1): the CLIP image embedding of the training image, replaced by a learned null embedding
-in `image_embed_dropout` of the rows, and optionally the caption's text encodings, dropped in `text_dropout` of the
-rows; upsamplers also see the image at the previous stage's size, blurred (App. C) and noised at a random level they
-are told (Cascaded Diffusion Models, Ho et al. 2022, §4.2).
+Conditioning (DALL·E 2 §2.1) of the conditioned stages (by default the first alone): the CLIP image embedding of the
+training image, L2-normalised, replaced by a learned null embedding in `image_embed_dropout` of the rows, and
+optionally the caption's text encodings, dropped in `text_dropout` of the rows; upsamplers see the image at the
+previous stage's size, blurred in `blur_prob` of the rows (App. C; Cascaded Diffusion Models, Ho et al. 2022, §3.1)
+and noised at a random level they are told (§4.2).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from genforge.core.family import BuildContext
+from genforge.core.random import BatchRandom
 from genforge.core.task import Batch, Task, interleave_rows
 from genforge.diffusion import GaussianDiffusion
 from genforge.diffusion.build import build_diffusion, build_objective, sample_diffusion
@@ -58,24 +62,32 @@ class Dalle2DecoderTask(Task):
         text_dim = 0
         if cfg.text is not None:
             encoder = build_text_encoder(cfg.text)
-            attach_text_encoder(self, "text_encoder", encoder)  # a trainable one trains with the first phase
+            attach_text_encoder(self, "text_encoder", encoder)  # a trainable one trains with model.text_phase's
             text_dim = encoder.dim
         self.cascade = DecoderCascade(cfg, embed_dim, text_dim, self.channels)
         self.objectives = [build_objective(stage.diffusion) for stage in cfg.stages]
         self.augmentation = augmentation_process()
         self.stage_of = {f"unet{i + 1}": i for i in range(len(cfg.stages))}
         self.phases = tuple(f"unet{i + 1}" for i in cfg.trained_stages())
+        self.conditioned = [stage.conditioned for stage in cfg.stages]  # on the image embedding (and text)
+        self.text_phase = f"unet{cfg.text_phase}"  # the phase whose optimizer trains a trainable text encoder
 
     # ------------------------------------------------------------------------------------------------ phases
     def phase_names(self) -> tuple[str, ...]:
         return tuple(self.stage_of)
 
     def parameters_for(self, phase: str) -> list[nn.Parameter]:
+        """The phase's U-Net, and for the phase of model.text_phase a trainable text encoder (in a run that does not
+        train that phase, no optimizer has it: it stays as loaded)."""
         params = list(self.cascade[self.stage_of[phase]].parameters())
-        text = getattr(self, "text_encoder", None)
-        if phase == self.phases[0] and isinstance(text, nn.Module) and text.trainable:
-            params += list(text.parameters())
+        if phase == self.text_phase and self.trains_text():
+            params += list(self.text_encoder.parameters())
         return params
+
+    def trains_text(self) -> bool:
+        """Whether the text encoder is trainable (a phase's optimizer updates it)."""
+        text = getattr(self, "text_encoder", None)
+        return isinstance(text, nn.Module) and text.trainable
 
     # -------------------------------------------------------------------------------------------- conditions
     def image_embeds(self, batch: Batch) -> Tensor:
@@ -100,24 +112,48 @@ class Dalle2DecoderTask(Task):
         inputs)."""
         return self.embedder.on(device) if isinstance(self.embedder, Frozen) else self.embedder
 
-    def conditioning(self, cond: Batch, embeds: Tensor, image_keep: Tensor, text_keep: Tensor) -> dict[str, Tensor]:
-        """U-Net kwargs of every stage: the image embeddings [B, D] and, with a text encoder, the encodings of
-        cond's captions; rows with a False `*_keep` get the null condition."""
+    def unit_embeddings(self, embeds: Tensor) -> Tensor:
+        """The one normalisation of every image embedding [B, D] the U-Nets see, whatever its source: L2 to unit
+        length, as CLIP's (model.embedder.normalize; false: as given)."""
+        embeds = embeds.float()
+        return F.normalize(embeds, dim=-1) if self.cfg.embedder.normalize else embeds
+
+    def conditioning(self, cond: Batch, embeds: Tensor, image_keep: Tensor, text_keep: Tensor,
+                     train_text: bool = False) -> dict[str, Tensor]:
+        """U-Net kwargs of the conditioned stages: the image embeddings [B, D], normalised (`unit_embeddings`), and,
+        with a text encoder, the encodings of cond's captions (with gradients only when `train_text`: the phase
+        that trains the encoder); rows with a False `*_keep` get the null condition."""
+        embeds = self.unit_embeddings(embeds)
         kwargs = {"image_embed": embeds, "image_keep": image_keep}
         if self.cfg.text is not None:
-            text_embed, text_mask = self.text_encoder.encode_on(cond["text"], embeds.device)
+            with nullcontext() if train_text else torch.no_grad():
+                text_embed, text_mask = self.text_encoder.encode_on(cond["text"], embeds.device)
             kwargs.update(text_embed=text_embed, text_mask=text_mask, text_keep=text_keep)
         return kwargs
 
-    def lowres_input(self, image: Tensor, stage: int, noise: Tensor, level: Tensor, sigma: Tensor | None) -> dict:
+    def lowres_input(self, image: Tensor, stage: int, noise: Tensor, level: Tensor, sigma: Tensor | None,
+                     blur: Tensor | None = None) -> dict:
         """The upsampler's low-resolution input: `image` at the previous stage's size, blurred by σ [B] (training
-        only), then noised to augmentation `level` [B] (long, in 0..999) with `noise`."""
+        only) in the rows where `blur` (bool [B]; None: every row) holds, then noised to augmentation `level` [B]
+        (long, in 0..999) with `noise`."""
         cfg = self.cfg.stages[stage]
         low = resize(image, self.cfg.stages[stage - 1].image_size)  # [B, C, S_{i-1}, S_{i-1}]
         if sigma is not None and cfg.blur_kernel > 1:
-            low = gaussian_blur(low, sigma, cfg.blur_kernel)
+            blurred = gaussian_blur(low, sigma, cfg.blur_kernel)
+            low = blurred if blur is None else torch.where(blur[:, None, None, None], blurred, low)
         return {"lowres": self.augmentation.q_sample(low, level, noise.to(low.dtype)),
                 "lowres_noise_level": level.float()}
+
+    def draw_lowres(self, rng: BatchRandom, stage: int) -> dict[str, Tensor]:
+        """An upsampler's training degradation of the low-res image, from the batch's random stream: blur σ [B] in
+        blur_sigma, augmentation level [B] below lowres_noise_max, its noise, and which rows are blurred (bool [B],
+        with probability blur_prob; drawn last, so blur_prob = 1 leaves the other draws as they were before it)."""
+        cfg, previous = self.cfg.stages[stage], self.cfg.stages[stage - 1].image_size
+        lo, hi = cfg.blur_sigma
+        sigma = lo + (hi - lo) * rng.rand()  # [B]
+        level = (rng.rand() * cfg.lowres_noise_max * AUGMENTATION_STEPS).long()  # [B] in 0..999
+        noise = rng.randn(self.channels, previous, previous)
+        return {"sigma": sigma, "level": level, "noise": noise, "blur": rng.rand() < cfg.blur_prob}
 
     # -------------------------------------------------------------------------------------------------- loss
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
@@ -125,16 +161,15 @@ class Dalle2DecoderTask(Task):
         stage, rng = self.cfg.stages[i], batch["rng"]
         x0 = resize(batch["image"], stage.image_size)  # [B, C, S_i, S_i]
         time, noise = self.objectives[i].draw(rng, x0)
-        image_keep = rng.rand() >= self.cfg.image_embed_dropout  # [B] bool
-        text_keep = rng.rand() >= self.cfg.text_dropout
-        kwargs = self.conditioning(batch, self.image_embeds(batch), image_keep, text_keep)
+        kwargs: dict[str, Tensor] = {}
+        if self.conditioned[i]:
+            image_keep = rng.rand() >= self.cfg.image_embed_dropout  # [B] bool
+            text_keep = rng.rand() >= self.cfg.text_dropout
+            kwargs = self.conditioning(batch, self.image_embeds(batch), image_keep, text_keep,
+                                       train_text=phase == self.text_phase)
         if i > 0:
-            lo, hi = stage.blur_sigma
-            sigma = lo + (hi - lo) * rng.rand()  # [B]
-            level = (rng.rand() * stage.lowres_noise_max * AUGMENTATION_STEPS).long()  # [B] in 0..999
-            previous = self.cfg.stages[i - 1].image_size
-            kwargs.update(self.lowres_input(batch["image"], i, rng.randn(self.channels, previous, previous), level,
-                                            sigma))
+            low = self.draw_lowres(rng, i)
+            kwargs.update(self.lowres_input(batch["image"], i, low["noise"], low["level"], low["sigma"], low["blur"]))
         terms = self.objectives[i].training_losses(self.cascade[i], x0, time, noise, model_kwargs=kwargs)
         logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
         return terms["loss"].mean(), logs
@@ -172,45 +207,56 @@ class Dalle2DecoderTask(Task):
         if self.cfg.text is not None and "text" not in cond:
             cond["text"] = [""] * n
         cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
-        cond["image_embed"] = cond["image_embed"].float() if "image_embed" in cond else self.embed_images(cond["image"])
+        if "image_embed" in cond:
+            cond["image_embed"] = cond["image_embed"].float()
+        elif self.conditioned_in(self.sampler_settings(**opts)):  # unconditioned upsamplers alone need none
+            cond["image_embed"] = self.embed_images(cond["image"])
         return Batch(**cond)
 
+    def conditioned_in(self, settings: dict[str, Any]) -> bool:
+        """Whether a stage run by `settings` (start_stage..stop_stage) is conditioned on the image embedding."""
+        return any(self.conditioned[settings["start_stage"] - 1 : settings["stop_stage"]])
+
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
-        """Per stage: sampler, steps and guidance scale (--sampler/--steps/--cfg-scale apply to every stage), and
-        the stages run (--start-stage, --stop-stage; 1-based)."""
+        """Per stage: sampler, steps and guidance scale (--sampler/--steps apply to every stage, --cfg-scale to every
+        conditioned one; an unconditioned stage is not guided: 1), and the stages run (--start-stage, --stop-stage;
+        1-based)."""
         stages = self.cfg.stages
         start, stop = opts.get("start_stage") or 1, opts.get("stop_stage") or len(stages)
         if not 1 <= start <= stop <= len(stages):
             raise ValueError(f"--start-stage {start} / --stop-stage {stop}: need 1 <= start <= stop <= {len(stages)}")
         return {"sampler": [opts.get("sampler") or s.diffusion.sampler for s in stages],
                 "steps": [opts.get("steps") or s.diffusion.sample_steps for s in stages],
-                "cfg_scale": [opts.get("cfg_scale") or s.diffusion.cfg_scale for s in stages],
+                "cfg_scale": [(opts.get("cfg_scale") or s.diffusion.cfg_scale) if s.conditioned else 1.0
+                              for s in stages],
                 "start_stage": start, "stop_stage": stop}
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
         """Run the cascade from `start_stage` (a later start upsamples `cond["image"]`, a real low-resolution
-        image) to `stop_stage`, guided at every stage against the null conditions; images in [-1, 1] at the stop
-        stage's size."""
+        image) to `stop_stage`, each conditioned stage guided against the null conditions, each unconditioned one
+        (by default the upsamplers) unguided, one forward per step; images in [-1, 1] at the stop stage's size."""
         s = self.sampler_settings(**opts)
         device = next(self.cascade.parameters()).device
         keep = torch.ones(n, dtype=torch.bool, device=device)
         cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
-        kwargs = self.conditioning(cond, cond["image_embed"].float(), keep, keep)
-        null = {"image_keep": keep[:1] & False}
+        kwargs, null = {}, {"image_keep": keep[:1] & False}
+        if self.conditioned_in(s):
+            kwargs = self.conditioning(cond, cond["image_embed"], keep, keep)
         if self.cfg.text is not None:
             null["text_keep"] = keep[:1] & False
         x = None if s["start_stage"] == 1 else cond["image"]
         for i in range(s["start_stage"] - 1, s["stop_stage"]):
             stage = self.cfg.stages[i]
-            stage_kwargs = dict(kwargs)
+            stage_kwargs = dict(kwargs) if self.conditioned[i] else {}
             if i > 0:
                 previous = self.cfg.stages[i - 1].image_size
                 noise = torch.randn((n, self.channels, previous, previous), generator=generator, device=generator.device)
                 level = torch.full((n,), round(stage.lowres_noise_sample * (AUGMENTATION_STEPS - 1)), device=device)
                 stage_kwargs.update(self.lowres_input(x, i, noise.to(device), level, sigma=None))
             x = sample_diffusion(stage.diffusion, model=self.cascade[i], shape=(n, self.channels, stage.image_size,
-                                 stage.image_size), model_kwargs=stage_kwargs, null_kwargs=null, clip=True,
+                                 stage.image_size), model_kwargs=stage_kwargs,
+                                 null_kwargs=null if self.conditioned[i] else None, clip=True,
                                  sampler=s["sampler"][i], steps=s["steps"][i], cfg_scale=s["cfg_scale"][i],
                                  generator=generator, device=device, progress=bool(opts.get("progress")))
         return x.clamp(-1, 1)

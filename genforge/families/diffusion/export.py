@@ -135,7 +135,7 @@ def unet_model(unet: UNet, cfg: UNetConfig, sample_size: int) -> UNet2DModel:
         block_out_channels=tuple(cfg.dim * m for m in cfg.dim_mults), layers_per_block=cfg.num_res_blocks,
         downsample_type="resnet", upsample_type="resnet", dropout=cfg.dropout, act_fn="silu",
         attention_head_dim=cfg.head_dim, norm_num_groups=groups, attn_norm_num_groups=groups, norm_eps=1e-6,
-        resnet_time_scale_shift="scale_shift", num_class_embeds=classes)
+        resnet_time_scale_shift="scale_shift", num_class_embeds=classes, add_attention=cfg.mid_attention)
     model.load_state_dict(unet_state_dict(unet, cfg))
     return model.eval()
 
@@ -144,7 +144,7 @@ def unet_state_dict(unet: UNet, cfg: UNetConfig) -> dict[str, Tensor]:
     """genforge U-Net weights under UNet2DModel's names: level l's k-th block of the way down is
     down_blocks.l.resnets.k (+ attentions.k), its down-sampling block down_blocks.l.downsamplers.0; the way up
     mirrors it (up_blocks.u, u = levels - 1 - l, with upsamplers.0); middle.0/1/2 -> mid_block resnets.0,
-    attentions.0, resnets.1."""
+    attentions.0, resnets.1 (without mid_attention: middle.0/1 -> resnets.0/1)."""
     weights: dict[str, Tensor] = {}
     _linear(weights, "time_embedding.linear_1", unet.time_embed[0])
     _linear(weights, "time_embedding.linear_2", unet.time_embed[2])
@@ -160,8 +160,9 @@ def unet_state_dict(unet: UNet, cfg: UNetConfig) -> dict[str, Tensor]:
         if level < len(cfg.dim_mults) - 1:
             _resblock(weights, f"down_blocks.{level}.downsamplers.0", next(blocks)[0])
     _resblock(weights, "mid_block.resnets.0", unet.middle[0])
-    _attention(weights, "mid_block.attentions.0", unet.middle[1])
-    _resblock(weights, "mid_block.resnets.1", unet.middle[2])
+    if cfg.mid_attention:
+        _attention(weights, "mid_block.attentions.0", unet.middle[1])
+    _resblock(weights, "mid_block.resnets.1", unet.middle[-1])
     blocks = iter(unet.up)
     for u in range(len(cfg.dim_mults)):
         for k in range(cfg.num_res_blocks + 1):
@@ -203,27 +204,36 @@ def _attention(weights: dict[str, Tensor], prefix: str, block: AttentionBlock) -
 
 
 # --------------------------------------------------------------------------------------------- schedulers
+UNBOUNDED_THRESHOLD = 1e30  # diffusers bounds the dynamic threshold s by sample_max_value; genforge does not
+
+
 def diffusers_scheduler(cfg: DiffusionConfig, clip: bool) -> tuple[Any | None, list[str]]:
     """The diffusers scheduler of the run's objective and what to know about it: ddpm -> DDIMScheduler with the
     run's β schedule (IDDPM's linear 1e-4..0.02 scaled by 1000/T, or the cosine = squaredcos_cap_v2), prediction
-    and clipping (pixels: x̂₀ clipped to [-1, 1]); flow -> FlowMatchEulerDiscreteScheduler (x_t = (1 − σ)x₀ + σε, model
-    time 1000σ, velocity ε − x₀: genforge's convention); edm -> None."""
+    and clipping (pixels: x̂₀ clipped to [-1, 1], or with model.diffusion.dynamic_threshold diffusers' own dynamic
+    thresholding at that quantile, s not bounded above); flow -> FlowMatchEulerDiscreteScheduler (x_t = (1 − σ)x₀ +
+    σε, model time 1000σ, velocity ε − x₀: genforge's convention); edm -> None."""
     if cfg.objective == "ddpm":
         scale = 1000.0 / cfg.num_timesteps
         schedule = ({"beta_schedule": "linear", "beta_start": scale * 1e-4, "beta_end": scale * 0.02}
                     if cfg.noise_schedule == "linear" else {"beta_schedule": "squaredcos_cap_v2"})
+        threshold = ({"thresholding": True, "dynamic_thresholding_ratio": cfg.dynamic_threshold,
+                      "sample_max_value": UNBOUNDED_THRESHOLD} if clip and cfg.dynamic_threshold else {})
         scheduler = DDIMScheduler(num_train_timesteps=cfg.num_timesteps, **schedule, clip_sample=clip,
                                   clip_sample_range=1.0, set_alpha_to_one=True, steps_offset=0,
-                                  prediction_type=PREDICTION_TYPES[cfg.prediction], timestep_spacing="leading")
+                                  prediction_type=PREDICTION_TYPES[cfg.prediction], timestep_spacing="leading",
+                                  **threshold)
         return scheduler, [
             "DDIMScheduler (eta 0) takes the steps of genforge's `--sampler ddim`: the same timesteps for N steps "
             f"whenever the stride T // N gives exactly N of them (ceil(T / (T // N)) == N, e.g. any N that divides "
             f"T={cfg.num_timesteps})"]
     if cfg.objective == "flow":
+        unclipped = ([f"FlowMatchEulerDiscreteScheduler does not threshold x̂₀: model.diffusion.dynamic_threshold="
+                      f"{cfg.dynamic_threshold} is not applied"] if clip and cfg.dynamic_threshold else [])
         return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=cfg.flow_shift), [
             "FlowMatchEulerDiscreteScheduler matches genforge's flow convention (x_t = (1 − t)·x₀ + t·ε, model time "
             "1000·t, velocity ε − x₀, the same shift); its time steps are spaced differently from genforge's "
-            "(which start at t = 0.999 and end at 0), so samples agree only as the step count grows"]
+            "(which start at t = 0.999 and end at 0), so samples agree only as the step count grows", *unclipped]
     return None, [
         "objective=edm: no diffusers scheduler matches genforge's EDM: the network is exported raw (F of D = "
         "c_skip·x + c_out·F(c_in·x; c_noise)), and genforge feeds it 1000·c_noise where diffusers' EDM "

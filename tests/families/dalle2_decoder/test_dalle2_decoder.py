@@ -85,6 +85,8 @@ def test_unknown_phase_in_train_phases_exits_2(tmp_path):
     ("model.train_unets=[3]", "model.train_unets"),
     ("data.image_size=32", "data.image_size"),
     ("model.embedder.source=clip_run", "model.embedder.path"),
+    ("model.stages.0.conditioned=false", "model.stages[0].conditioned"),
+    ("model.text_phase=3", "model.text_phase"),
 ])
 def test_bad_config_exits_2_naming_the_field(tmp_path, override, field):
     out = CliRunner().invoke(app, ["train", PRESET, "--dry-run", "--set", override, "--run-dir", str(tmp_path)])
@@ -99,20 +101,49 @@ def _perturb(task) -> None:
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
 
 
-def test_guidance_scale_changes_the_samples_at_every_stage():
+def _forwards(unet) -> list[dict]:
+    """Record the batch size and conditioning kwargs of every forward of `unet`."""
+    calls = []
+    unet.register_forward_pre_hook(lambda m, args, kwargs: calls.append({"batch": len(args[0]), **kwargs}),
+                                   with_kwargs=True)
+    return calls
+
+
+def test_guidance_applies_to_the_conditioned_stages_and_not_to_the_unconditional_upsampler():
+    """The base stage is guided (a scale changes its samples); the paper's upsampler (the default: unconditional) is
+    sampled with one forward of the batch per step, no null branch, whatever the scale, and reports scale 1."""
     cfg, task = _task()
     _perturb(task)
     task.eval()
     cond = task.sample_conditions(3, torch.Generator().manual_seed(0))
     outs = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3, cfg_scale=scale) for scale in (1.0, 4.0)}
     assert not torch.equal(outs[1.0], outs[4.0])
+    assert task.sampler_settings(cfg_scale=4.0)["cfg_scale"] == [4.0, 1.0]
+    calls = _forwards(task.cascade[1])
+    up = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3, cfg_scale=scale, start_stage=2)
+          for scale in (1.0, 4.0)}
+    assert torch.equal(up[1.0], up[4.0])
+    steps = cfg.model.stages[1].diffusion.sample_steps
+    assert len(calls) == 2 * steps and all(c["batch"] == 3 for c in calls)  # one forward of the batch per step
+    assert all(set(c) == {"batch", "lowres", "lowres_noise_level"} for c in calls)
+    base = task.sample(cond, torch.Generator().manual_seed(0), 3, stop_stage=1)
+    assert base.shape[-1] == cfg.model.stages[0].image_size
+
+
+def test_a_conditioned_upsampler_remains_a_choice_and_is_guided():
+    """model.stages[1].conditioned=true (the behaviour before the paper's defaults): the upsampler takes the
+    embedding and is guided, from a real low-resolution image too."""
+    cfg, task = _task("model.stages.1.conditioned=true")
+    _perturb(task)
+    task.eval()
+    assert task.cascade[1].image_embed_dim == cfg.model.embedder.grid ** 2 * 3
+    cond = task.sample_conditions(3, torch.Generator().manual_seed(0))
     assert task.sampler_settings(cfg_scale=4.0)["cfg_scale"] == [4.0, 4.0]
-    # from a real low-resolution image, the upsampler alone: guidance still changes its output
+    calls = _forwards(task.cascade[1])
     up = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3, cfg_scale=scale, start_stage=2)
           for scale in (1.0, 4.0)}
     assert not torch.equal(up[1.0], up[4.0])
-    base = task.sample(cond, torch.Generator().manual_seed(0), 3, stop_stage=1)
-    assert base.shape[-1] == cfg.model.stages[0].image_size
+    assert {c["batch"] for c in calls} == {3, 6}  # unguided at scale 1, both branches in one batch at 4
 
 
 def test_gaussian_blur_keeps_the_mean_and_shrinks_white_noise_by_the_kernel_energy():
@@ -239,7 +270,7 @@ def test_sample_cli_makes_variations_of_an_image_and_runs_part_of_the_cascade(tm
     out = runner.invoke(app, ["sample", str(run), "--image", str(photo), "--n", "4", "--out", str(tmp_path / "v.png"),
                               "--cfg-scale", "3"])
     assert out.exit_code == 0, out.output
-    assert Image.open(tmp_path / "v.png").size[0] > 0 and '"cfg_scale": [3.0, 3.0]' in out.stdout
+    assert Image.open(tmp_path / "v.png").size[0] > 0 and '"cfg_scale": [3.0, 1.0]' in out.stdout
     out = runner.invoke(app, ["sample", str(run), "--image", str(photo), "--n", "2", "--start-stage", "2",
                               "--out", str(tmp_path / "up.png")])
     assert out.exit_code == 0 and '"start_stage": 2' in out.stdout
