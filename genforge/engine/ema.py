@@ -30,7 +30,8 @@ class EMA:
         phases = phases if phases is not None else {"main": (decay, self.names)}
         trainable = set(self.names)
         self.phases: dict[str, tuple[float, list[str]]] = {  # phase -> (decay, the names averaged with it)
-            phase: (phase_decay, [n for n in names if n in trainable]) for phase, (phase_decay, names) in phases.items()}
+            phase: (phase_decay, [n for n in names if n in trainable])
+            for phase, (phase_decay, names) in phases.items()}
         self.updates: dict[str, int] = dict.fromkeys(self.phases, 0)  # per phase (others' counts carried as loaded)
 
     def decay_at(self, n: int, decay: float | None = None) -> float:
