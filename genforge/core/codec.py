@@ -94,6 +94,8 @@ class TextToImageEmbedding(Protocol):
 
     def image_embeds_for(self, texts: list[str], generator: Any, **opts: Any) -> Tensor: ...
 
+    def text_embeds(self, texts: list[str]) -> Tensor: ...  # its CLIP's unit-norm text embeddings [B, D]
+
 
 def codec_kind(codec: object) -> str | None:
     """"tokens" for a TokenCodec, "latent" for a LatentCodec, "image_embed" for an ImageEmbedder, None for anything

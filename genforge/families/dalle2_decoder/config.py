@@ -95,13 +95,21 @@ class EmbedderConfig(StrictModel):
 
 
 class Dalle2SampleOptions(SampleOptions):
-    """The decoder's sampling options: variations of a given image, and part of the cascade."""
+    """The decoder's sampling options: variations of a given image, part of the cascade, text-to-image through a
+    prior."""
 
     image: Path | None = Field(None, description="an image file whose variations to make (or which a later "
                                                  "--start-stage upsamples)", json_schema_extra={"read": "image"})
     start_stage: int | None = Field(None, ge=1, description="the first stage of the cascade to run (a later one "
                                                             "upsamples --image)")
     stop_stage: int | None = Field(None, ge=1, description="the last stage of the cascade to run")
+    prior: Path | None = Field(None, description="a dalle2_prior run over the same CLIP: --prompt (or the held-out "
+                                                 "captions) becomes image embeddings through it (DALL·E 2 §2.2), "
+                                                 "text-to-image", json_schema_extra={"read": "run", "eval": True})
+    from_captions: bool = Field(False, description="decode held-out captions (their labels kept for the judge) "
+                                                   "instead of making variations of held-out images: through "
+                                                   "--prior, else CLIP's text embedding (the shortcut)",
+                                json_schema_extra={"eval": True})
 
 
 class Dalle2DecoderConfig(FamilyConfig):
@@ -173,9 +181,9 @@ class Dalle2DecoderConfig(FamilyConfig):
         return self
 
     def takes_prompts(self) -> bool:
-        """--prompt drives the decoder by the prompt's CLIP text embedding (an approximation: DALL·E 2's prior, which
-        maps it to an image embedding, is not part of this family)."""
-        return self.embedder.source in ("clip_run", "clip_pretrained")
+        """--prompt drives the decoder through a prior (--prior, a dalle2_prior run: DALL·E 2's text-to-image) or,
+        without one, by the prompt's CLIP text embedding (the shortcut; needs an embedder with a text tower)."""
+        return True
 
     def trained_stages(self) -> list[int]:
         """0-based indices of the stages this run trains, in cascade order."""

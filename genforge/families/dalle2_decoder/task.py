@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from genforge.core.codec import TextToImageEmbedding
 from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
 from genforge.core.task import Batch, Task, interleave_rows
@@ -25,7 +26,7 @@ from genforge.diffusion.build import build_diffusion, build_objective, sample_di
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
 from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
-from genforge.nn.frozen import Frozen
+from genforge.nn.frozen import Frozen, held_on
 from genforge.nn.unet import AttentionBlock, ResBlock
 from genforge.text.clip_embedder import PretrainedClipEmbedder
 from genforge.text.encoders import attach_text_encoder, build_text_encoder
@@ -57,6 +58,7 @@ class Dalle2DecoderTask(Task):
         elif cfg.embedder.source == "pooled":
             self.embedder = PooledPixelEmbedder(cfg.embedder.grid, ctx.data.image_size, self.channels)
         embed_dim = self.embedder.embed_dim if self.embedder is not None else cfg.embedder.dim
+        self.embed_dim = int(embed_dim)
         # the batch's own embeddings: .npy in the shards, or a cache the configured clip run wrote (hash-checked)
         self.embeds_in_data = cfg.embedder.source == "data" or ctx.info.kind == "image_embed"
         text_dim = 0
@@ -110,7 +112,7 @@ class Dalle2DecoderTask(Task):
     def embedder_on(self, device: torch.device) -> nn.Module:
         """The frozen embedder, on `device` (a pretrained CLIP is held outside the module tree: it follows the
         inputs)."""
-        return self.embedder.on(device) if isinstance(self.embedder, Frozen) else self.embedder
+        return held_on(self.embedder, device)
 
     def unit_embeddings(self, embeds: Tensor) -> Tensor:
         """The one normalisation of every image embedding [B, D] the U-Nets see, whatever its source: L2 to unit
@@ -176,21 +178,31 @@ class Dalle2DecoderTask(Task):
 
     # ---------------------------------------------------------------------------------------------- sampling
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
-        """What `n` samples decode: the embedding of `image` (a tensor [k, C, H, W] in [-1, 1], e.g. `genforge sample
-        --image`), of the text `prompt` (through the embedder's text tower: an approximation of DALL·E 2's prior,
-        which this family does not include), or else of `n` held-out images (with their labels and
-        captions, for the judge and text conditioning), spread evenly over the held-out split."""
+        """What `n` samples decode: image embeddings of the text `prompt` (`text_image_embeds`: through `prior`, or
+        CLIP's text tower), of held-out captions (with `prior` or `from_captions`; their labels kept for the judge), of
+        `image` (a tensor [k, C, H, W] in [-1, 1], e.g. `genforge sample --image`), or else of `n` held-out images
+        (with their labels and captions, for the judge and text conditioning), spread evenly over the held-out
+        split."""
         device = generator.device
         if opts.get("negative_prompt"):
             raise ValueError("--negative-prompt does not apply to dalle2_decoder (guidance is against the null "
                              "image embedding)")
         prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None)
         if prompts:
-            if self.embedder is None or not self.embedder.has_text:
-                raise ValueError("--prompt needs an embedder with a text tower (model.embedder.source=clip_run or "
-                                 "clip_pretrained)")
             texts = [prompts[i % len(prompts)] for i in range(n)]
-            return Batch(image_embed=self.embedder_on(device).embed_texts(texts).float().to(device), text=texts)
+            return Batch(image_embed=self.text_image_embeds(texts, generator, opts.get("prior")), text=texts)
+        if opts.get("prior") is not None or opts.get("from_captions"):  # held-out captions, text-to-image
+            if self.heldout is None:
+                raise ValueError("no held-out captions to decode: pass --prompt")
+            held = self.heldout.samples(n, spread=True)
+            if "text" not in held:
+                raise ValueError("the held-out data has no captions to decode: pass --prompt")
+            index = torch.arange(n) % len(held["text"])  # a small held-out split: cycle through it
+            cond = {"text": [held["text"][i] for i in index.tolist()]}
+            if "label" in held:
+                cond["label"] = held["label"][index].to(device)
+            cond["image_embed"] = self.text_image_embeds(cond["text"], generator, opts.get("prior"))
+            return Batch(**cond)
         if opts.get("image") is not None:
             image = resize(opts["image"], self.cfg.stages[-1].image_size)
             cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])
@@ -212,6 +224,30 @@ class Dalle2DecoderTask(Task):
         elif self.conditioned_in(self.sampler_settings(**opts)):  # unconditioned upsamplers alone need none
             cond["image_embed"] = self.embed_images(cond["image"])
         return Batch(**cond)
+
+    def text_image_embeds(self, texts: list[str], generator: torch.Generator, prior: Any | None) -> Tensor:
+        """Image embeddings [n, D] for captions: drawn by `prior` (DALL·E 2 §2.2: a TextToImageEmbedding, e.g. a
+        dalle2_prior run's task, over the same CLIP), or without one the captions' CLIP text embeddings (the
+        shortcut: text embeddings lie outside the region of image embeddings the decoder was trained on)."""
+        device = generator.device
+        if prior is None:
+            if self.embedder is None or not self.embedder.has_text:
+                raise ValueError("--prompt needs --prior (a dalle2_prior run) or an embedder with a text tower "
+                                 "(model.embedder.source=clip_run or clip_pretrained)")
+            return self.embedder_on(device).embed_texts(texts).float().to(device)
+        if not isinstance(prior, TextToImageEmbedding):
+            raise ValueError(f"--prior: a {type(prior).__name__} does not map captions to image embeddings; give a "
+                             "dalle2_prior run")
+        if prior.embed_dim != self.embed_dim:
+            raise ValueError(f"--prior makes {prior.embed_dim}-d image embeddings, this decoder takes {self.embed_dim}")
+        if self.embedder is not None and getattr(self.embedder, "has_text", False):
+            probe = ["a probe caption"]
+            ours = self.embedder_on(device).embed_texts(probe).float().cpu()
+            theirs = prior.text_embeds(probe).float().cpu()
+            if not torch.allclose(F.normalize(ours, dim=-1), theirs, atol=1e-4):
+                raise ValueError("--prior: the prior was trained over another CLIP than this decoder's "
+                                 f"(model.embedder.path={self.cfg.embedder.path}); they must share one")
+        return prior.image_embeds_for(list(texts), generator).float().to(device)
 
     def conditioned_in(self, settings: dict[str, Any]) -> bool:
         """Whether a stage run by `settings` (start_stage..stop_stage) is conditioned on the image embedding."""

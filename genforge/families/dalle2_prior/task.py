@@ -87,6 +87,10 @@ class Dalle2PriorTask(Task):
             kwargs.update(text_tokens=tokens.float().to(device), text_mask=mask.bool().to(device))
         return kwargs
 
+    def text_embeds(self, texts: list[str]) -> Tensor:
+        """Its CLIP's unit-norm text embeddings [B, D] of captions (what a decoder checks it shares)."""
+        return self.text_conditions(texts, next(self.model.parameters()).device)["text_embed"]
+
     @torch.no_grad()
     def image_embeds(self, images: Tensor) -> Tensor:
         """The frozen CLIP's unit-norm image embeddings [B, D] of images [B, C, H, W] in [-1, 1]."""

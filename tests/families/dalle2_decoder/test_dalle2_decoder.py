@@ -277,7 +277,7 @@ def test_sample_cli_makes_variations_of_an_image_and_runs_part_of_the_cascade(tm
     out = runner.invoke(app, ["sample", str(run), "--n", "2", "--stop-stage", "3"])
     assert out.exit_code == 2 and "--stop-stage 3" in out.stderr
     out = runner.invoke(app, ["sample", str(run), "--n", "2", "--prompt", "a red circle"])
-    assert out.exit_code == 2 and "not text-conditioned" in out.stderr  # the pooled stand-in has no text tower
+    assert out.exit_code == 2 and "--prompt needs --prior" in out.stderr  # the pooled stand-in has no text tower
     out = runner.invoke(app, ["sample", str(run), "--image", str(tmp_path / "missing.png")])
     assert out.exit_code == 2 and "--image" in out.stderr
 

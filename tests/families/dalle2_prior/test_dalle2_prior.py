@@ -14,16 +14,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 from family_contract import FamilyContract
+from typer.testing import CliRunner
 
 from genforge.app.config import load_config
 from genforge.app.encode import encode_dataset
 from genforge.app.runs import build_task, load_codec, load_run, make_trainer
+from genforge.cli import app
 from genforge.core.codec import TextEncodingEmbedder, TextToImageEmbedding
 from genforge.core.random import BatchRandom
 from genforge.eval.embedding_metrics import prior_similarities, unrelated_rows
 from genforge.families.dalle2_prior.model import PriorNetwork
 from genforge.families.dalle2_prior.task import rerank
 
+runner = CliRunner()
 CLIP_RUN = Path(tempfile.gettempdir()) / f"genforge-test-prior-clip-{os.getpid()}"
 ON_CLIP = (f"model.embedder.path={CLIP_RUN}",)
 
@@ -151,3 +154,32 @@ def test_it_trains_on_a_cache_of_the_clip_runs_embeddings(tmp_path):
                                                   "eval.every=0"])
     make_trainer(on_cache, tmp_path / "prior").fit()
     assert (tmp_path / "prior" / "checkpoints" / "step-000002").is_dir()
+
+
+def test_text_to_image_through_the_prior_and_the_decoder(tmp_path):
+    """`genforge sample DECODER --prior PRIOR --prompt ...`, and held-out captions through both for the judge; a
+    decoder over another CLIP refuses the prior."""
+    quick = ["train.steps=2", "train.checkpoint_every=2", "train.sample_every=0", "eval.every=0"]
+    make_trainer(load_config("dalle2-prior-debug", [*ON_CLIP, *quick]), tmp_path / "prior").fit()
+    on_clip = ["model.embedder.source=clip_run", f"model.embedder.path={CLIP_RUN}"]
+    make_trainer(load_config("dalle2-decoder-debug", [*on_clip, *quick]), tmp_path / "dec").fit()
+    result = runner.invoke(app, ["sample", str(tmp_path / "dec"), "--prior", str(tmp_path / "prior"), "--prompt",
+                                 "a large red circle", "--n", "2", "--out", str(tmp_path / "t2i.png")])
+    assert result.exit_code == 0, result.output
+    decoder, prior = load_run(tmp_path / "dec").task, load_run(tmp_path / "prior").task
+    gen = torch.Generator().manual_seed(0)
+    cond = decoder.sample_conditions(4, gen, prior=prior)
+    assert {"text", "label", "image_embed"} <= set(cond) and "image" not in cond
+    expected = prior.image_embeds_for(cond["text"], torch.Generator().manual_seed(0))
+    assert torch.equal(cond["image_embed"], expected)  # the prior's draws, in caption order
+    shortcut = decoder.sample_conditions(4, torch.Generator().manual_seed(0), from_captions=True)
+    assert torch.allclose(shortcut["image_embed"], prior.text_embeds(shortcut["text"]), atol=1e-5)
+    images = decoder.sample(cond, torch.Generator().manual_seed(0), 4, prior=prior)
+    assert images.shape == (4, 3, 16, 16)
+    other = tmp_path / "clip2"
+    make_trainer(load_config("clip-debug", [*quick, "train.seed=7"]), other).fit()
+    make_trainer(load_config("dalle2-decoder-debug", ["model.embedder.source=clip_run",
+                                                      f"model.embedder.path={other}", *quick]), tmp_path / "dec2").fit()
+    result = runner.invoke(app, ["sample", str(tmp_path / "dec2"), "--prior", str(tmp_path / "prior"), "--prompt",
+                                 "a large red circle", "--n", "2", "--out", str(tmp_path / "x.png")])
+    assert result.exit_code == 2 and "another CLIP" in result.output
