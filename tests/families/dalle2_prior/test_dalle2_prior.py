@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import genforge
 import torch.nn.functional as F
 from family_contract import FamilyContract
 from typer.testing import CliRunner
@@ -176,6 +178,10 @@ def test_text_to_image_through_the_prior_and_the_decoder(tmp_path):
     assert torch.allclose(shortcut["image_embed"], prior.text_embeds(shortcut["text"]), atol=1e-5)
     images = decoder.sample(cond, torch.Generator().manual_seed(0), 4, prior=prior)
     assert images.shape == (4, 3, 16, 16)
+    api = genforge.load_run(tmp_path / "dec", device="cpu")  # the Python API: a path or an opened run
+    by_path = api.sample(n=2, prompt="a large red circle", prior=str(tmp_path / "prior"), steps=2)
+    by_run = api.sample(n=2, prompt="a large red circle", prior=genforge.load_run(tmp_path / "prior"), steps=2)
+    assert by_path.shape == (2, 3, 16, 16) and torch.equal(by_path, by_run)
     other = tmp_path / "clip2"
     make_trainer(load_config("clip-debug", [*quick, "train.seed=7"]), other).fit()
     make_trainer(load_config("dalle2-decoder-debug", ["model.embedder.source=clip_run",
