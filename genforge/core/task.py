@@ -183,6 +183,27 @@ def class_conditions(n: int, num_classes: int, label: int | None, device: torch.
     return Batch(label=labels.to(device))
 
 
+def given_prompts(opts: dict[str, Any], n: int) -> list[str] | None:
+    """The captions of `n` samples from --prompts / --prompt (cycled over the n), None when neither is given."""
+    prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None)
+    return [prompts[i % len(prompts)] for i in range(n)] if prompts else None
+
+
+def heldout_captions(heldout: HeldOut | None, n: int, device: torch.device | str,
+                     fields: tuple[str, ...] = ("label",)) -> Batch:
+    """n held-out captions spread over the held-out split (cycled when it is smaller), with the same rows of
+    `fields` (labels for the judge, images) where the data has them; ValueError when it has no captions."""
+    if heldout is None:
+        raise ValueError("no held-out captions: pass --prompt")
+    held = heldout.samples(n, spread=True)
+    if "text" not in held:
+        raise ValueError("the held-out data has no captions: pass --prompt")
+    index = torch.arange(n) % len(held["text"])
+    cond = Batch(text=[held["text"][i] for i in index.tolist()])
+    cond.update({name: held[name][index].to(device) for name in fields if name in held})
+    return cond
+
+
 def class_count(conditioning: str, configured: int | None, data_classes: int, others: str) -> int:
     """Classes of a model: 0 unless `conditioning` is "class", then model.num_classes or the data set's
     (ValueError when neither says; `others` names the other model.conditioning values)."""

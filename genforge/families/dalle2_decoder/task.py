@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from genforge.core.codec import TextToImageEmbedding
 from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
-from genforge.core.task import Batch, Task, interleave_rows
+from genforge.core.task import Batch, Task, given_prompts, heldout_captions, interleave_rows
 from genforge.diffusion import GaussianDiffusion
 from genforge.diffusion.build import build_diffusion, build_objective, sample_diffusion
 from genforge.diffusion.config import DiffusionConfig
@@ -187,22 +187,13 @@ class Dalle2DecoderTask(Task):
         if opts.get("negative_prompt"):
             raise ValueError("--negative-prompt does not apply to dalle2_decoder (guidance is against the null "
                              "image embedding)")
-        prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None)
-        if prompts:
-            texts = [prompts[i % len(prompts)] for i in range(n)]
+        texts = given_prompts(opts, n)
+        if texts:
             return Batch(image_embed=self.text_image_embeds(texts, generator, opts.get("prior")), text=texts)
         if opts.get("prior") is not None or opts.get("from_captions"):  # held-out captions, text-to-image
-            if self.heldout is None:
-                raise ValueError("no held-out captions to decode: pass --prompt")
-            held = self.heldout.samples(n, spread=True)
-            if "text" not in held:
-                raise ValueError("the held-out data has no captions to decode: pass --prompt")
-            index = torch.arange(n) % len(held["text"])  # a small held-out split: cycle through it
-            cond = {"text": [held["text"][i] for i in index.tolist()]}
-            if "label" in held:
-                cond["label"] = held["label"][index].to(device)
+            cond = heldout_captions(self.heldout, n, device)
             cond["image_embed"] = self.text_image_embeds(cond["text"], generator, opts.get("prior"))
-            return Batch(**cond)
+            return cond
         if opts.get("image") is not None:
             image = resize(opts["image"], self.cfg.stages[-1].image_size)
             cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from genforge.core.family import BuildContext
-from genforge.core.task import Batch, Task, interleave_rows
+from genforge.core.task import Batch, Task, given_prompts, heldout_captions, interleave_rows
 from genforge.diffusion.build import build_objective, sample_diffusion
 from genforge.families.dalle2_prior.config import Dalle2PriorConfig
 from genforge.families.dalle2_prior.model import PriorNetwork
@@ -141,19 +141,11 @@ class Dalle2PriorTask(Task):
         split, with their images' true embeddings (`image_embed`) and labels; every caption's CLIP text embedding
         (`caption_embed` [n, D]) for evaluation (metric prior_similarity)."""
         device = generator.device
-        prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None)
-        if prompts:
-            cond: dict[str, Any] = {"text": [prompts[i % len(prompts)] for i in range(n)]}
+        texts = given_prompts(opts, n)
+        if texts:
+            cond = Batch(text=texts)
         else:
-            if self.heldout is None:
-                raise ValueError("no held-out captions to sample for: pass --prompt")
-            held = self.heldout.samples(n, spread=True)
-            if "text" not in held:
-                raise ValueError("the held-out data has no captions: pass --prompt")
-            index = torch.arange(n) % len(held["text"])  # a small held-out split: cycle through it
-            cond = {"text": [held["text"][i] for i in index.tolist()], "image": held["image"][index].to(device)}
-            if "label" in held:
-                cond["label"] = held["label"][index].to(device)
+            cond = heldout_captions(self.heldout, n, device, fields=("label", "image"))
             cond["image_embed"] = self.image_embeds(cond["image"])
         cond["caption_embed"] = self.text_conditions(cond["text"], device)["text_embed"]
         return Batch(**cond)
