@@ -216,7 +216,7 @@ def time_trainer(trainer: Trainer, steps: int, warmup: int) -> StepTimes:
                     batches.close()
                     batches = trainer._batches()
             else:
-                trainer.ema.update(trainer.step)
+                trainer.ema.update()
                 trainer.nonfinite_in_a_row = 0
             trainer.step += 1
             if trainer._due(tc.log_every):
