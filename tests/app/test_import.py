@@ -19,7 +19,7 @@ runner = CliRunner()
 QUICK = ["train.sample_every=0", "eval.every=0", "data.num_workers=0", "train.steps=2", "train.checkpoint_every=2"]
 # dit-latent-debug's DiT (depth 2, width 64, 2 heads) on the tokenizer folder's 4-channel latents, with DiT's T = 1000
 DIT = ["model.latent.codec=diffusers", "model.diffusion.num_timesteps=1000"]
-# facebookresearch/DiT's models.py DiT(depth=1, num_classes > 0) state dict, as `torch.load` shows it
+# facebookresearch/DiT's models.py DiT(depth=1, num_classes > 0) state dict: its key names
 OFFICIAL_KEYS = {
     "pos_embed", "x_embedder.proj.weight", "x_embedder.proj.bias", "t_embedder.mlp.0.weight", "t_embedder.mlp.0.bias",
     "t_embedder.mlp.2.weight", "t_embedder.mlp.2.bias", "y_embedder.embedding_table.weight",

@@ -125,7 +125,8 @@ def read_official(path: Path, num_heads: int | None = None) -> Imported:
         raise ConfigError(f"{path} is not a plain state dict of tensors: genforge reads checkpoints with "
                           f"torch.load(weights_only=True) and never unpickles code ({type(err).__name__}: "
                           f"{str(err).splitlines()[0][:200]}). A facebookresearch/DiT train.py checkpoint holds "
-                          "its args as well: save torch.load(path)['ema'] once, where you trust the file") from None
+                          "its args as well: where you trust the file, save its 'ema' state dict alone once (torch.save) "
+                          "and import that") from None
     if isinstance(from_file, dict) and "ema" in from_file and isinstance(from_file["ema"], dict):
         from_file = from_file["ema"]
     if not isinstance(from_file, dict) or not all(isinstance(v, Tensor) for v in from_file.values()):
