@@ -25,7 +25,7 @@ from genforge.core.export import Imported
 from genforge.core.family import importer_of
 from genforge.core.files import file_sha256, folder_sha256, write_atomically
 from genforge.data.base import DataInfo
-from genforge.engine.checkpoint import CheckpointDir, save_tensors
+from genforge.engine.checkpoint import CheckpointDir, save_tensors, weights_mismatch
 
 FILE_FORMAT = "dit-checkpoint"  # what a checkpoint file is read as (the one file format genforge imports)
 PLACEHOLDER_DATA = "data/train"  # an imported run's data.path: the weights come without their data
@@ -109,14 +109,9 @@ def run_config(imported: Imported, codec_folder: Path | None, image_size: int) -
 
 def load_strictly(module: torch.nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:
     """Load every persistent tensor of `module` from `weights` (shapes included); ConfigError naming the keys."""
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    shapes = [f"{k} {list(weights[k].shape)} (model {list(expected[k].shape)})" for k in sorted(expected)
-              if k in weights and weights[k].shape != expected[k].shape]
-    if missing or unexpected or shapes:
-        raise ConfigError(f"{source}: the weights do not fit the model inferred from them: missing {missing[:3]}, "
-                          f"unexpected {unexpected[:3]}, other shapes {shapes[:3]}")
+    mismatch = weights_mismatch(weights, module.state_dict())
+    if mismatch:
+        raise ConfigError(f"{source}: the weights do not fit the model inferred from them: {mismatch}")
     module.load_state_dict({k: v.float() for k, v in weights.items()})
 
 
