@@ -32,10 +32,10 @@ def _vae_folder(path, seed=0, scaling_factor=0.5):
     return path
 
 
-def _vq_folder(path, seed=0):
+def _vq_folder(path, seed=0, **extra):
     torch.manual_seed(seed)
     VQModel(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-            latent_channels=8, num_vq_embeddings=64, vq_embed_dim=8, **TINY).save_pretrained(path)
+            latent_channels=8, num_vq_embeddings=64, vq_embed_dim=8, **TINY, **extra).save_pretrained(path)
     return path
 
 
@@ -123,6 +123,18 @@ def test_encode_takes_the_folder_and_a_generator_trains_on_its_cache(vae_run, tm
         make_trainer(cfg, tmp_path / "run2").fit()
     result = runner.invoke(app, ["encode", str(vae_run["vae"]), "--out", str(tmp_path / "c2")])
     assert result.exit_code == 2 and "--data" in result.output
+
+
+@pytest.mark.parametrize("lookup", [False, True])
+def test_a_vq_model_folder_decodes_its_ids_as_vq_model_does(lookup, tmp_path):
+    """Both ways a VQModel decodes ids: the codebook looked up by the codec, or by decode() itself
+    (`lookup_from_codebook`, aMUSEd's VQ model)."""
+    folder = _vq_folder(tmp_path / "vq", lookup_from_codebook=lookup)
+    codec, _ = load_diffusers_codec(folder)
+    vq = VQModel.from_pretrained(folder).eval()
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        assert torch.allclose(codec.decode(codec.encode(x)), vq(x).sample, atol=1e-5)
 
 
 def test_a_vq_model_folder_gives_maskgit_its_tokens(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from family_contract import FamilyContract
+from tiny_clip import pretrained_clip_folder
 from PIL import Image
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -220,32 +221,10 @@ def test_validation_loss_is_logged_and_keeps_the_best_checkpoint(tmp_path):
     assert bad.exit_code == 2 and "val_loss: with eval.val_loss_batches" in bad.stderr
 
 
-def _pretrained_clip(root: Path) -> Path:
-    """A tiny transformers CLIPModel (2 layers each tower) with a byte-pair tokenizer, saved like a hub checkpoint."""
-    from transformers import CLIPConfig, CLIPModel, CLIPTokenizer
-
-    vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")}
-    vocab.update({f"{c}</w>": len(vocab) + i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")})
-    for special in ("<|startoftext|>", "<|endoftext|>"):
-        vocab[special] = len(vocab)
-    root.mkdir(parents=True)
-    (root / "vocab.json").write_text(json.dumps(vocab))
-    (root / "merges.txt").write_text("#version: 0.2\n")
-    CLIPTokenizer(vocab=str(root / "vocab.json"), merges=str(root / "merges.txt")).save_pretrained(root)
-    torch.manual_seed(0)
-    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=16, bos_token_id=vocab["<|startoftext|>"],
-                eos_token_id=vocab["<|endoftext|>"], pad_token_id=vocab["<|endoftext|>"])
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=16,
-                  patch_size=8)
-    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=24)).save_pretrained(root)
-    return root
-
-
 def test_a_pretrained_clip_checkpoint_drives_the_decoder(tmp_path):
     """model.embedder.source=clip_pretrained: a local CLIPModel's unit-norm image embeddings condition the cascade,
     its text tower serves --prompt, and its weights stay out of the decoder's checkpoint."""
-    clip_dir = _pretrained_clip(tmp_path / "clip")
+    clip_dir = pretrained_clip_folder(tmp_path / "clip")
     overrides = ["model.embedder.source=clip_pretrained", f"model.embedder.path={clip_dir}", "train.steps=2",
                  "train.checkpoint_every=2", "train.sample_every=0"]
     make_trainer(load_config(PRESET, overrides), tmp_path / "run").fit()

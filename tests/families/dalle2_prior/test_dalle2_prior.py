@@ -16,6 +16,8 @@ import torch
 import genforge
 import torch.nn.functional as F
 from family_contract import FamilyContract
+from safetensors.torch import load_file
+from tiny_clip import pretrained_clip_folder
 from typer.testing import CliRunner
 
 from genforge.app.config import load_config
@@ -189,3 +191,19 @@ def test_text_to_image_through_the_prior_and_the_decoder(tmp_path):
     result = runner.invoke(app, ["sample", str(tmp_path / "dec2"), "--prior", str(tmp_path / "prior"), "--prompt",
                                  "a large red circle", "--n", "2", "--out", str(tmp_path / "x.png")])
     assert result.exit_code == 2 and "another CLIP" in result.output
+
+
+def test_a_pretrained_clip_folder_as_the_embedder(tmp_path):
+    """model.embedder.source=clip_pretrained: the prior trains over a local CLIPModel's towers (its per-token text
+    states included), samples unit-norm embeddings of its width, and keeps the CLIP out of its checkpoints."""
+    clip_dir = pretrained_clip_folder(tmp_path / "clip")
+    cfg = load_config("dalle2-prior-debug", ["model.embedder.source=clip_pretrained", f"model.embedder.path={clip_dir}",
+                                             "train.steps=2", "train.checkpoint_every=2", "train.sample_every=0",
+                                             "eval.every=0"])
+    make_trainer(cfg, tmp_path / "prior").fit()
+    names = load_file(str(tmp_path / "prior" / "checkpoints" / "step-000002" / "model.safetensors")).keys()
+    assert names and all(name.startswith("model.") for name in names)  # the prior network only
+    task = load_run(tmp_path / "prior").task
+    assert isinstance(task.embedder.module, TextEncodingEmbedder) and task.embed_dim == 24
+    out = task.image_embeds_for(["a red circle", "a blue square"], torch.Generator().manual_seed(0))
+    assert out.shape == (2, 24) and torch.allclose(out.norm(dim=-1), torch.ones(2), atol=1e-5)
