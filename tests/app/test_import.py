@@ -7,6 +7,7 @@ import argparse
 import pytest
 import torch
 from diffusers import AutoencoderKL
+from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from genforge.app.config import load_config
@@ -94,6 +95,24 @@ def test_a_diffusers_export_imports_back_exactly(trained, tmp_path):
     assert torch.equal(_samples(back.task), _samples(run.task))  # genforge's timestep shift both ways: exact
     result = _invoke("import", tmp_path / "pipe" / "transformer", "--out", tmp_path / "t")
     assert result.exit_code == 2 and "--vae" in result.output  # a latent model needs its codec
+    result = _invoke("import", tmp_path / "pipe" / "transformer", "--out", tmp_path / "t", "--vae",
+                     tmp_path / "pipe" / "vae")
+    assert result.exit_code == 0, result.output  # a bare DiTTransformer2DModel folder with its VAE
+    assert torch.equal(_samples(load_run(tmp_path / "t").task), _samples(run.task))
+
+
+def test_safetensors_and_ema_only_checkpoints_import_as_the_pt_does(trained, tmp_path):
+    state = torch.load(trained["pt"], weights_only=True)
+    save_file(state, str(tmp_path / "DiT.safetensors"))
+    torch.save({"ema": state}, tmp_path / "ema-only.pt")  # a dict of tensors under "ema", nothing pickled besides
+    runs = []
+    for name in ("DiT.safetensors", "ema-only.pt"):
+        result = _invoke("import", tmp_path / name, "--out", tmp_path / name.split(".")[0], "--vae", trained["vae"],
+                         "--num-heads", 2)
+        assert result.exit_code == 0, result.output
+        runs.append(load_run(tmp_path / name.split(".")[0]))
+    assert torch.equal(_samples(runs[0].task), _samples(trained["run"].task))
+    assert torch.equal(_samples(runs[1].task), _samples(trained["run"].task))
 
 
 def test_pickled_objects_and_misfits_are_refused_with_exit_2(trained, tmp_path):
