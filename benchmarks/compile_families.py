@@ -5,7 +5,9 @@ backward per phase and one sample, eager and compiled from the same weights. Pri
 and compiled, and whether sampling ran. A family that fails here gets `no_compile` in its config (exit 2 at config
 time) with the reason printed below.
 
-    python benchmarks/compile_families.py [--threads 2] [--only dit-debug maskgit-debug]
+    python benchmarks/compile_families.py [--threads 2] [--only dit-debug maskgit-debug] [--device cuda]
+
+On a GPU (`--device cuda`, the default when there is one) inductor generates Triton kernels instead of C++.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import traceback
 
 import torch
 
+from common import device_type
 from genforge.app.config import load_config
 from genforge.app.runs import build_task
 from genforge.core.random import BatchRandom
@@ -55,13 +58,14 @@ def losses_and_grads(task: Task, batch: dict, n: int) -> tuple[list[float], dict
     return losses, grads, time.perf_counter() - t0
 
 
-def check(preset: str, overrides: list[str], repeats: int) -> str:
+def check(preset: str, overrides: list[str], repeats: int, device: str) -> str:
     torch.manual_seed(0)
     cfg = load_config(preset, overrides)
     dataset = build_dataset(cfg.data)
-    eager = build_task(cfg, data_info(dataset, cfg.data))
+    eager = build_task(cfg, data_info(dataset, cfg.data), device=device)
     batch = collate([dataset[i] for i in next(iter(StepBatchSampler(len(dataset), cfg.train.batch_size)))])
     batch.pop("skipped")
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     n = cfg.train.batch_size
     compiled = copy.deepcopy(eager)
     compiled.compile_blocks()
@@ -74,7 +78,7 @@ def check(preset: str, overrides: list[str], repeats: int) -> str:
     sampled = "-"
     if compiled.makes_samples:
         compiled.eval()
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator(device).manual_seed(0)
         with torch.no_grad():
             out = compiled.sample(compiled.sample_conditions(2, gen), gen, n=2)
         sampled = "ok" if torch.isfinite(out).all() else "non-finite"
@@ -87,6 +91,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="*", help="presets to check (default: all)")
+    parser.add_argument("--device", default=device_type(), help="cpu | cuda (default: cuda when there is a GPU)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print("| preset | blocks | first compiled step | loss diff | grad diff | eager ms | compiled ms | sample |")
@@ -95,7 +100,7 @@ def main() -> None:
         if args.only and preset not in args.only:
             continue
         try:
-            print(check(preset, overrides, args.repeats), flush=True)
+            print(check(preset, overrides, args.repeats, args.device), flush=True)
         except Exception as err:  # noqa: BLE001 - the point is to report which family fails and why
             print(f"| {preset} {' '.join(overrides)[:40]} | FAILED: {type(err).__name__}: {str(err)[:200]} |",
                   flush=True)
