@@ -50,7 +50,7 @@ def losses_and_grads(task: Task, batch: dict, n: int) -> tuple[list[float], dict
     losses, grads = [], {}
     for i, phase in enumerate(task.phases):
         task.zero_grad(set_to_none=True)
-        batch["rng"] = BatchRandom(0, 0, i, n, 0, n)
+        batch["rng"] = BatchRandom(0, 0, i, n, 0, n, device=next(task.parameters()).device)
         loss, _ = task.loss(batch, phase, 0)
         loss.backward()
         losses.append(loss.item())
