@@ -52,13 +52,33 @@ def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator, device: tor
 
 
 def masked_count(step: int, steps: int, n: int, schedule: str = "cosine") -> int:
-    """Tokens still masked after decoding iteration `step` (0-based) of `steps`: ⌊γ((step+1)/steps)·N⌋, but at
-    least one fewer than before (so every iteration reveals a token) and 0 after the last iteration."""
+    """Tokens still masked after decoding iteration `step` (0-based) of `steps`: ⌊γ((step+1)/steps)·N⌋, at least
+    one fewer than before (every iteration reveals a token) but at least one until the last iteration, and 0 after
+    it (MaskGIT's reference: max(1, min(unknown − 1, planned))). With fewer tokens than iterations the last ones
+    reveal nothing until the final one, instead of running on a fully decoded sequence."""
     if step == steps - 1:
         return 0
     before = n if step == 0 else masked_count(step - 1, steps, n, schedule)
     planned = int(math.floor(float(mask_ratio(torch.tensor((step + 1) / steps), schedule)) * n))
-    return max(0, min(planned, before - 1))
+    return max(1, min(before - 1, planned))
+
+
+def frame_training_mask(r: Tensor, frame: Tensor, scores: Tensor, frames: int, schedule: str = "cosine") -> Tensor:
+    """Bool mask [B, N] (N = frames·P, frame-major) of frame-ordered training rows, the conditional that decoding
+    token frames in order (`decode_order: frames`) asks for: token frames before `frame` [B] (long) all visible,
+    frame `frame` with ⌈γ(r)·P⌉ random positions hidden (r [B] ~ U[0, 1), the row's `hidden_count` draw over P
+    positions; `scores` [B, P] i.i.d. uniform choose them), every later token frame hidden."""
+    b, p = scores.shape
+    current = training_mask(r, scores, schedule)  # [B, P]: the hidden positions of the frame being decoded
+    index = torch.arange(frames, device=scores.device)[None, :, None]  # [1, t, 1]
+    at = frame[:, None, None]  # [B, 1, 1]
+    mask = (index > at) | ((index == at) & current[:, None, :])  # [B, t, P]
+    return mask.reshape(b, frames * p)
+
+
+def frame_hidden_count(r: Tensor, frame: Tensor, per_frame: int, frames: int, schedule: str = "cosine") -> Tensor:
+    """Tokens `frame_training_mask` hides per row [B]: ⌈γ(r)·P⌉ in the current frame + P per later frame."""
+    return hidden_count(r, per_frame, schedule) + (frames - 1 - frame) * per_frame
 
 
 @torch.no_grad()
@@ -66,7 +86,8 @@ def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: i
            generator: torch.Generator, device: torch.device, temperature: float = 1.0,
            choice_temperature: float = 4.5, schedule: str = "cosine",
            on_step: Callable[[int, Tensor], None] | None = None, initial: Tensor | None = None,
-           critic: Callable[[Tensor], Tensor] | None = None, critic_noise: float = 1.0) -> Tensor:
+           critic: Callable[[Tensor], Tensor] | None = None, critic_noise: float = 1.0,
+           generate: Tensor | None = None) -> Tensor:
     """MaskGIT's iterative decoding (§3.2): start from all [MASK]; at each iteration sample every masked token
     from softmax(logits / temperature), then re-mask the `masked_count` least confident of the newly sampled
     ones, confidence = log p(sampled token) + choice_temperature·(1 − (t+1)/steps)·Gumbel noise. Tokens once
@@ -76,6 +97,9 @@ def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: i
     schedule then runs over the masked positions only (Phenaki's story mode: a clip continued from the tokens of
     the previous one). Returns ids [B, N] in [0, K), every position filled after exactly `steps` iterations.
 
+    `generate` bool [N]: only these masked positions are decoded; the other masked ones stay [MASK] throughout and
+    in the result (decoding a clip's token frames in order: one frame per call, the later ones still masked).
+
     `critic` (Token-Critic, Lezama et al. 2022, Alg. 1): maps the sampled sequence [B, N] to scores [B, N], high =
     looks real; the `masked_count` lowest-scoring tokens (+ critic_noise·(1 − (t+1)/steps)·Gumbel) are re-masked
     among all positions but the given ones, so a token revealed earlier can be re-masked and sampled again."""
@@ -83,21 +107,23 @@ def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: i
         ids = torch.full((batch, n), mask_id, dtype=torch.long, device=device)  # [B, N]
     else:
         ids = initial.to(device=device, dtype=torch.long)
-        free = (ids == mask_id).sum(1)  # [B]
-        if ids.shape != (batch, n) or bool((free != free[0]).any()) or int(free[0]) == 0:
-            raise ValueError(f"initial ids {tuple(ids.shape)} must be [{batch}, {n}] with the same, non-zero number "
-                             "of masked positions in every row")
-        n = int(free[0])  # the schedule counts the positions to generate
-    given = ids != mask_id  # [B, N]: known from the start, never re-masked
+    region = torch.ones(n, dtype=torch.bool, device=device) if generate is None else generate.to(device)  # [N]
+    free = ((ids == mask_id) & region).sum(1)  # [B]
+    if ids.shape != (batch, n) or bool((free != free[0]).any()) or int(free[0]) == 0:
+        raise ValueError(f"initial ids {tuple(ids.shape)} must be [{batch}, {n}] with the same, non-zero number "
+                         "of masked positions to generate in every row")
+    n = int(free[0])  # the schedule counts the positions to generate
+    given = ~region | (ids != mask_id)  # [B, N]: known from the start or not decoded in this call: never re-masked
     for step in range(steps):
-        masked = ids == mask_id  # [B, N]
+        masked = (ids == mask_id) & region  # [B, N]: still to decode
         logits = logits_fn(ids).float()  # [B, N, K]
         noise = gumbel_noise(logits.shape, generator, device)
         sampled = torch.argmax(logits / temperature + noise, dim=-1)  # a draw from softmax(logits / T): [B, N]
-        sampled = torch.where(masked, sampled, ids)
+        sampled = torch.where(masked, sampled, ids)  # positions outside `region` keep [MASK]
         left = 1 - (step + 1) / steps  # the noise's annealing factor
         if critic is None:  # MaskGIT: confidence of the new tokens; revealed tokens are never re-masked
-            confidence = torch.log_softmax(logits, dim=-1).gather(-1, sampled[..., None])[..., 0]  # [B, N]
+            drawn = sampled.clamp(max=logits.shape[-1] - 1)  # [MASK] outside `region`: any index, filled with inf
+            confidence = torch.log_softmax(logits, dim=-1).gather(-1, drawn[..., None])[..., 0]  # [B, N]
             confidence = confidence + choice_temperature * left * gumbel_noise(confidence.shape, generator, device)
             confidence = confidence.masked_fill(~masked, float("inf"))
         else:  # Token-Critic: the critic's score of every token; only given tokens are never re-masked

@@ -6,13 +6,14 @@ position embeddings) and says which ids to decode (`code_shape`); everything els
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from genforge.core.family import BuildContext
+from genforge.core.random import BatchRandom
 from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.masked.config import MaskedTokenConfig
 from genforge.masked.masking import decode, guided_logits, hidden_count, training_mask
@@ -20,6 +21,9 @@ from genforge.masked.transformer import MaskTransformer, MaskTransformerBlock
 from genforge.nn.frozen import held_on
 from genforge.text.encoders import attach_text_encoder, build_text_encoder, use_cached_text_embeds
 from genforge.tokenizers.standins import build_standin
+
+
+DecodeRun = Callable[[Tensor | None, Tensor | None], Tensor]  # (start ids [n, N], positions [N] to decode) -> ids
 
 
 class MaskedTokenTask(Task):
@@ -141,10 +145,7 @@ class MaskedTokenTask(Task):
             return self.critic_loss(batch)
         ids = self.to_tokens(batch)  # [B, N]
         rng = batch["rng"]
-        n = ids.shape[1]
-        r_all = rng.rand_global()  # [G]: the mask ratio draw of every sample of the step
-        masked_total = hidden_count(r_all, n, self.cfg.mask_schedule).sum()  # every masked token of the step
-        mask = training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule)  # [B, N] True = hidden
+        mask, masked_total = self.training_masks(rng, ids.shape[1])
         drop = rng.rand() < self.cfg.cond_dropout_prob  # [B]: unconditional rows (classifier-free guidance)
         context, context_mask = self.context(batch, drop)
         hidden = self.model.hidden(ids.masked_fill(mask, self.model.mask_id), context, context_mask)  # [B, N, D]
@@ -156,6 +157,13 @@ class MaskedTokenTask(Task):
             logs = {"ce": ce.detach() / mask.sum(), "masked": mask.float().mean(),
                     "accuracy": (logits.argmax(-1) == targets).float().mean()}
         return loss, logs
+
+    def training_masks(self, rng: BatchRandom, n: int) -> tuple[Tensor, Tensor]:
+        """The positions hidden in training, bool [B, N] (True = hidden), and how many the whole global batch hides
+        (the loss's denominator): MaskGIT's ⌈γ(r)·N⌉ uniformly random positions per sample."""
+        r_all = rng.rand_global()  # [G]: the mask ratio draw of every sample of the step
+        masked_total = hidden_count(r_all, n, self.cfg.mask_schedule).sum()  # every masked token of the step
+        return training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule), masked_total
 
     def critic_loss(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Token-Critic (Lezama et al. 2022, §3.2, eq. 4): mask ids as in training (γ(r)·N random positions),
@@ -254,12 +262,22 @@ class MaskedTokenTask(Task):
             critic_context = self.context(cond, keep, transformer=critic)
             critic_fn = lambda ids: -critic(ids, *critic_context)[..., 0]  # noqa: E731
         shape = self.code_shape(n, **opts)
-        ids = decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,
-                     temperature=self.cfg.temperature, choice_temperature=self.cfg.choice_temperature,
-                     schedule=self.cfg.mask_schedule, initial=None if initial is None else initial.flatten(1),
-                     critic=critic_fn, critic_noise=s.get("critic_noise", 0.0))
+
+        def run(start: Tensor | None, generate: Tensor | None) -> Tensor:
+            return decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,
+                          temperature=self.cfg.temperature, choice_temperature=self.cfg.choice_temperature,
+                          schedule=self.cfg.mask_schedule, initial=start, critic=critic_fn,
+                          critic_noise=s.get("critic_noise", 0.0), generate=generate)
+
+        ids = self.decode_in_order(run, shape, None if initial is None else initial.flatten(1), s)  # [n, N]
         images = held_on(self.token_codec, ids.device).decode(ids.view(shape))  # [B, C, H, W] or [B, C, T, H, W]
         return images.float().clamp(-1, 1)
+
+    def decode_in_order(self, run: DecodeRun, shape: tuple[int, ...], initial: Tensor | None,
+                        settings: dict[str, Any]) -> Tensor:
+        """ids [n, N] of `shape` from `run(start ids, positions to decode or None = every masked one)`, one
+        `masking.decode`; a subclass may decode the positions in several passes (phenaki: token frame by frame)."""
+        return run(initial, None)  # MaskGIT: every masked position together
 
 
 def token_critic(trunk: MaskTransformer) -> MaskTransformer:

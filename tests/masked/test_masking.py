@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from genforge.masked.masking import decode, mask_ratio, masked_count, training_mask
+from genforge.masked.masking import (decode, frame_hidden_count, frame_training_mask, hidden_count, mask_ratio,
+                                     masked_count, training_mask)
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "square"])
@@ -29,16 +30,31 @@ def test_cosine_training_masks_hide_two_over_pi_of_the_tokens_on_average():
     assert (per_position - per_position.mean()).abs().max() < 0.03
 
 
-def test_masked_count_reveals_at_least_one_token_per_step_and_ends_at_zero():
-    for steps, n in [(12, 64), (8, 256), (1, 16), (20, 8)]:
+def test_masked_count_reveals_a_token_per_step_keeps_one_masked_until_the_last_and_ends_at_zero():
+    for steps, n in [(12, 64), (8, 256), (1, 16), (20, 8), (48, 16)]:
         counts = [masked_count(s, steps, n) for s in range(steps)]
-        assert counts[-1] == 0
+        assert counts[-1] == 0 and all(c >= 1 for c in counts[:-1])  # nothing decoded early, all at the end
         previous = n
-        for c in counts:
-            assert c <= max(previous - 1, 0) and c >= 0
+        for c in counts[:-1]:
+            assert c <= max(previous - 1, 1)  # one fewer each step while more than one is left
             previous = c
     # the cosine schedule at 12 steps of 64 tokens: ⌊64·cos(π/2·t/12)⌋
     assert [masked_count(s, 12, 64) for s in range(3)] == [63, 61, 59]
+    # fewer tokens than iterations (Phenaki's 48 steps over a small region): the last token waits for the last step
+    assert [masked_count(s, 48, 16) for s in range(48)][14:17] == [1, 1, 1]
+
+
+def test_frame_training_masks_hide_part_of_one_token_frame_and_every_later_one():
+    gen = torch.Generator().manual_seed(0)
+    b, frames, p = 64, 5, 16
+    r, frame = torch.rand(b, generator=gen), torch.randint(0, frames, (b,), generator=gen)
+    mask = frame_training_mask(r, frame, torch.rand(b, p, generator=gen), frames).view(b, frames, p)
+    for row in range(b):
+        f = int(frame[row])
+        assert not mask[row, :f].any()  # earlier token frames all visible
+        assert mask[row, f + 1 :].all()  # later ones all hidden
+        assert mask[row, f].sum() == hidden_count(r[row : row + 1], p)[0]  # ⌈γ(r)·P⌉ of the current one
+    assert torch.equal(mask.flatten(1).sum(1), frame_hidden_count(r, frame, p, frames))
 
 
 def test_decode_fills_every_position_in_exactly_the_given_steps_and_keeps_revealed_tokens():
@@ -127,3 +143,22 @@ def test_decode_with_a_critic_re_masks_the_tokens_it_scores_lowest_among_all_but
            on_step=lambda s, x: plain.append(x.clone()), initial=initial)
     revealed = plain[0] != k
     assert all((state[revealed] == plain[0][revealed]).all() for state in plain[1:])
+
+
+def test_decode_of_a_region_fills_only_it_and_leaves_the_other_masked_positions_masked():
+    b, n, k, steps = 2, 12, 7, 4
+    region = torch.zeros(n, dtype=torch.bool)
+    region[4:8] = True  # the second of three "frames" of 4 tokens
+    initial = torch.full((b, n), k)
+    initial[:, :4] = 3  # the first frame known
+    seen = []
+
+    def logits_fn(ids):
+        seen.append(ids.clone())
+        return torch.randn(b, n, k, generator=torch.Generator().manual_seed(len(seen)))
+
+    ids = decode(logits_fn, b, n, mask_id=k, steps=steps, generator=torch.Generator().manual_seed(0),
+                 device=torch.device("cpu"), initial=initial, generate=region)
+    assert (ids[:, :4] == 3).all() and (ids[:, 4:8] < k).all() and (ids[:, 8:] == k).all()
+    assert all((s[:, 8:] == k).all() for s in seen)  # the later frame is [MASK] to the model throughout
+    assert [int((s[:, 4:8] == k).sum(1)[0]) for s in seen] == [4, 3, 2, 1]  # one revealed per step, the last at the end

@@ -19,6 +19,10 @@ class PhenakiSampleOptions(MaskedSampleOptions):
     frames: int | None = Field(None, ge=1, description="frames per clip (default: the training clips')")
     story: Path | None = Field(None, description="text file, one prompt per line; each sample is one story, a clip "
                                                  "per prompt continuing the last", json_schema_extra={"read": "lines"})
+    decode_order: Literal["parallel", "frames"] | None = Field(
+        None, description="parallel: every token of the clip decoded together (MaskGIT); frames: one token frame "
+                          "after the other, each conditioned on those before (default: model.decode_order)",
+        json_schema_extra={"eval": True})
 
 
 class PhenakiConfig(MaskedTokenConfig):
@@ -31,7 +35,18 @@ class PhenakiConfig(MaskedTokenConfig):
     tokens: VideoTokenInputConfig
     seq_len: int | None = Field(None, gt=0, description="tokens per clip (t·h·w at data.video.num_frames); must "
                                                         "equal the tokenizer's (default: taken from it)")
-    sample_steps: int = Field(12, gt=0, description="parallel decoding iterations (Phenaki: 12 to 48)")
+    sample_steps: int = Field(12, gt=0, description="parallel decoding iterations (Phenaki: 12 to 48); with "
+                                                    "decode_order=frames, per token frame")
+    decode_order: Literal["parallel", "frames"] = Field(
+        "parallel", description="parallel: MaskGIT's decoding of every token of the clip together; frames: token "
+                                "frame by token frame, each decoded with sample_steps iterations given the ones "
+                                "before it (the conditional frame_order_prob trains)")
+    frame_order_prob: float = Field(0.0, ge=0.0, le=1.0, description="share of training clips masked in frame "
+                                    "order: a random token frame partly hidden (γ(r)), the frames before it visible, "
+                                    "those after it hidden; the rest masked as MaskGIT (uniformly)")
+
+    may_change_on_resume: ClassVar[frozenset[str]] = MaskedTokenConfig.may_change_on_resume | frozenset(
+        {"decode_order", "frame_order_prob"})
 
     def check_data(self, data: DataConfig) -> None:
         if data.source == "cache" and self.tokens.codec != "tokenizer":

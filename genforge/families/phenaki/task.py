@@ -11,9 +11,11 @@ import torch
 from torch import Tensor
 
 from genforge.core.family import BuildContext
+from genforge.core.random import BatchRandom
 from genforge.core.task import Batch
 from genforge.families.phenaki.model import VideoMaskTransformer
-from genforge.masked.task import MaskedTokenTask
+from genforge.masked.masking import frame_hidden_count, frame_training_mask, hidden_count, training_mask
+from genforge.masked.task import DecodeRun, MaskedTokenTask
 
 
 class PhenakiTask(MaskedTokenTask):
@@ -45,8 +47,43 @@ class PhenakiTask(MaskedTokenTask):
                              f"frames, e.g. {1 + self.temporal_downsample * max(1, (frames - 1) // self.temporal_downsample)}")
         return (n, 1 + (frames - 1) // self.temporal_downsample, self.grid, self.grid)
 
+    def training_masks(self, rng: BatchRandom, n: int) -> tuple[Tensor, Tensor]:
+        """MaskGIT's uniform masks; with model.frame_order_prob, that share of the clips masked in frame order
+        (`masking.frame_training_mask`: what decoding token frame by token frame conditions on)."""
+        prob = self.cfg.frame_order_prob
+        if not prob:
+            return super().training_masks(rng, n)
+        per_frame, schedule = self.model.tokens_per_frame, self.cfg.mask_schedule
+        frames = n // per_frame  # 1 for an image step (data.images)
+        r_all, ordered_all = rng.rand_global(), rng.rand_global() < prob  # [G] each: every sample of the step
+        frame_all = (rng.rand_global() * frames).long().clamp(max=frames - 1)  # [G]: the frame being decoded
+        counts = torch.where(ordered_all, frame_hidden_count(r_all, frame_all, per_frame, frames, schedule),
+                             hidden_count(r_all, n, schedule))
+        r, ordered, frame = rng.rows(r_all), rng.rows(ordered_all), rng.rows(frame_all)
+        uniform = training_mask(r, rng.rand(n), schedule)  # [B, N]
+        in_order = frame_training_mask(r, frame, rng.rand(per_frame), frames, schedule)  # [B, N]
+        return torch.where(ordered[:, None], in_order, uniform), counts.sum()
+
+    def decode_in_order(self, run: DecodeRun, shape: tuple[int, ...], initial: Tensor | None,
+                        settings: dict[str, Any]) -> Tensor:
+        """decode_order=frames: token frame after token frame, each with all its iterations, the later frames
+        still masked (a story's carried frames, already known, are skipped); parallel: MaskGIT's order."""
+        if settings["decode_order"] != "frames":
+            return super().decode_in_order(run, shape, initial, settings)
+        n, frames, per_frame = shape[0], shape[1], shape[2] * shape[3]
+        mask_id = self.model.mask_id
+        ids = initial if initial is not None else torch.full(
+            (n, frames * per_frame), mask_id, dtype=torch.long, device=self.model.head.weight.device)
+        for frame in range(frames):
+            region = torch.zeros(frames * per_frame, dtype=torch.bool, device=ids.device)  # [N]
+            region[frame * per_frame : (frame + 1) * per_frame] = True
+            if bool((ids[:, region] == mask_id).any()):
+                ids = run(ids, region)
+        return ids
+
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
-        settings = {**super().sampler_settings(**opts), "frames": opts.get("frames") or self.num_frames}
+        settings = {**super().sampler_settings(**opts), "frames": opts.get("frames") or self.num_frames,
+                    "decode_order": opts.get("decode_order") or self.cfg.decode_order}
         if opts.get("story"):
             t = self.code_shape(1, **opts)[1]
             settings.update(story_chapters=len(opts["story"]), story_context_frames=self.story_context(t)[1])

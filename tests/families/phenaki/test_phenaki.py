@@ -97,6 +97,41 @@ def test_story_mode_continues_each_clip_from_the_re_encoded_end_of_the_last(monk
         task.sample_conditions(2, torch.Generator(), story=story, prompt="a red circle")
 
 
+def test_frame_ordered_training_masks_count_what_they_hide_over_the_global_batch():
+    task = task_of("model.frame_order_prob=0.5")
+    t, p = 3, 64
+    rng = BatchRandom(0, 0, 0, 8, 0, 8)  # one process: the global batch is the micro-batch
+    mask, total = task.training_masks(rng, t * p)
+    assert mask.shape == (8, t * p) and int(total) == int(mask.sum())
+    frames = mask.view(8, t, p)
+    ordered = [row for row in frames if row[-1].all() or not row[0].any()]  # frame-ordered rows hide a suffix
+    assert ordered, "with probability 0.5 some of 8 rows are frame-ordered"
+    halves = [BatchRandom(0, 0, 0, 8, off, 4) for off in (0, 4)]  # two processes of 4: the same masks and total
+    parts = [task.training_masks(h, t * p) for h in halves]
+    assert torch.equal(torch.cat([m for m, _ in parts]), mask) and all(int(c) == int(total) for _, c in parts)
+
+
+def test_decoding_token_frames_in_order_decodes_each_frame_given_the_earlier_ones(monkeypatch):
+    import genforge.masked.task as masked_task
+
+    task = task_of("model.decode_order=frames").eval()  # 3 token frames of 8x8
+    calls = []
+    real_decode = masked_task.decode
+    monkeypatch.setattr(masked_task, "decode", lambda *a, **kw: calls.append(
+        (kw["initial"], kw["generate"])) or real_decode(*a, **kw))
+    gen = torch.Generator().manual_seed(0)
+    clips = task.sample(task.sample_conditions(2, gen, prompt="a red circle moving left"), gen, 2)
+    assert clips.shape == (2, 3, 5, 16, 16) and len(calls) == 3
+    mask_id = task.model.mask_id
+    for frame, (initial, region) in enumerate(calls):
+        assert region.view(3, 64)[frame].all() and region.sum() == 64
+        assert (initial.view(2, 3, 64)[:, frame:] == mask_id).all()  # this frame and the later ones masked
+        assert (initial.view(2, 3, 64)[:, :frame] != mask_id).all()  # the earlier ones decoded
+    calls.clear()
+    task.sample(task.sample_conditions(2, gen, prompt="a red circle"), gen, 2, decode_order="parallel")
+    assert len(calls) == 1 and calls[0] == (None, None)  # MaskGIT's order: one decode of every position
+
+
 def test_default_prompts_are_held_out_captions_with_labels_and_directions():
     task = task_of()
     cond = task.sample_conditions(6, torch.Generator().manual_seed(0))
