@@ -198,7 +198,7 @@ def _flag_usage(option: FamilyOption) -> str:
     if _is_flag(option):
         return f"{flag} / --no-{flag[2:]}"
     kinds = [t.__name__.upper() for t in typing.get_args(option.field.annotation) if t is not type(None)]
-    shown = {"image": "IMAGE", "lines": "FILE", "run": "RUN_DIR"}.get(option.read or "", (kinds or ["VALUE"])[0])
+    shown = {"image": "IMAGE", "video": "VIDEO", "lines": "FILE", "run": "RUN_DIR"}.get(option.read or "", (kinds or ["VALUE"])[0])
     return f"{flag} {shown}"
 
 

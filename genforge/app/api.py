@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence, Union
 
+import av
 import numpy as np
 import torch
 from PIL import Image
@@ -23,6 +24,7 @@ from genforge.core.config import ConfigError, StrictModel
 from genforge.core.precision import check_precision
 from genforge.core.task import Batch, Task
 from genforge.data.images import center_crop_resize, load_rgb, to_pil, to_tensor
+from genforge.data.video import read_frames, resize_crop_frames
 from genforge.engine.checkpoint import CheckpointReadError
 from genforge.eval.run import Report, evaluate_task, generate, write_eval_results
 
@@ -58,6 +60,23 @@ def read_image(value: ImageInput, size: int, name: str = "image") -> Tensor:
         return to_tensor(np.asarray(center_crop_resize(image, size)))[None]
     except (OSError, ValueError) as err:
         raise ValueError(f"{name} {value}: cannot read it as an image ({err})") from None
+
+
+MAX_VIDEO_FRAMES = 1024  # frames read of a video an option names (a clip to prime with, not a film)
+
+
+def read_video(value: str | Path | Tensor, size: int, name: str = "video") -> Tensor:
+    """A clip as [k, 3, T, size, size] in [-1, 1]: a video file's first frames (at most MAX_VIDEO_FRAMES) resized
+    and center-cropped like training clips; a tensor ([C, T, H, W] or [k, C, T, H, W] in [-1, 1]) as it is.
+    ValueError naming `name` when unreadable."""
+    if isinstance(value, Tensor):
+        if value.dim() not in (4, 5):
+            raise ValueError(f"{name}: a tensor [k, C, T, H, W] in [-1, 1], got shape {tuple(value.shape)}")
+        return (value[None] if value.dim() == 4 else value).float()
+    try:
+        return resize_crop_frames(read_frames(value, MAX_VIDEO_FRAMES), size)[None]
+    except (OSError, ValueError, av.error.FFmpegError) as err:
+        raise ValueError(f"{name} {value}: cannot read it as a video ({err})") from None
 
 
 def read_lines(value: str | Path | Sequence[str], name: str = "prompts") -> list[str]:
@@ -123,6 +142,8 @@ def family_options(config: RunConfig, given: dict[str, Any], command: str = "sam
         value = loaded[key] if key in loaded else getattr(options, key)
         if known[key].read == "image":
             value = read_image(value, config.data.image_size, spell(key))
+        elif known[key].read == "video":
+            value = read_video(value, config.data.image_size, spell(key))
         elif known[key].read == "lines":
             value = read_lines(value, spell(key))
         elif known[key].read == "run":

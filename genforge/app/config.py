@@ -65,6 +65,9 @@ class RunConfig(StrictModel):
         if self.train.compile and self.model.no_compile:
             raise ValueError(f"train.compile=true: model.family={self.model.family} {self.model.no_compile}; train it "
                              "with train.compile=false")
+        if self.train.sample_frames is not None and "frames" not in self.model.sample_options.model_fields:
+            raise ValueError(f"train.sample_frames: a {self.model.family} model does not make clips of a chosen "
+                             "length (a video generator such as phenaki does)")
         if self.eval.metrics is None:
             self.eval.metrics = list(self.model.default_metrics)
         try:

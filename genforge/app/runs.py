@@ -116,7 +116,7 @@ class FamilyOption:
 
     @property
     def read(self) -> str | None:
-        """"image" or "lines" when the value names a file the CLI reads (SampleOptions)."""
+        """"image", "video", "lines" or "run" when the value names a file or run the CLI reads (SampleOptions)."""
         return (self.field.json_schema_extra or {}).get("read")
 
     @property

@@ -215,7 +215,7 @@ class TrainConfig(StrictModel):
     may_change_on_resume: ClassVar[frozenset[str]] = frozenset({
         "steps", "lr", "weight_decay", "betas", "warmup_steps", "lr_schedule", "min_lr_ratio", "lr_decay_rate",
         "lr_decay_every", "grad_clip", "grad_accum", "precision", "ema_decay", "log_every", "sample_every",
-        "num_samples", "checkpoint_every", "keep_last", "keep_best", "keep_best_mode", "max_nonfinite_skips",
+        "num_samples", "sample_frames", "checkpoint_every", "keep_last", "keep_best", "keep_best_mode", "max_nonfinite_skips",
         "on_nonfinite", "max_rollbacks", "dist_timeout_s", "check_consistency", "phases", "compile", "init_from"})
 
     steps: int = Field(1000, gt=0, description="total optimizer steps")
@@ -259,6 +259,8 @@ class TrainConfig(StrictModel):
     log_every: int = Field(10, gt=0)
     sample_every: int = Field(500, ge=0, description="0: only at the end")
     num_samples: int = Field(16, gt=0, le=256, description="images in each preview grid")
+    sample_frames: int | None = Field(None, gt=0, description="frames of a video generator's preview clips, e.g. "
+                                                              "more than the training clips' (default: theirs)")
     checkpoint_every: int = Field(500, ge=0, description="0: only at the end")
     keep_last: int = Field(2, ge=2, description="checkpoints kept (at least 2)")
     keep_best: str | None = Field(None, description="also keep the checkpoint with the best value of this eval "

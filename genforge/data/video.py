@@ -135,6 +135,22 @@ def read_clip(source: str | Path | BinaryIO, spec: VideoConfig, u: float | None 
     return DecodedClip(np.stack(kept), decoded)
 
 
+def read_frames(source: str | Path, max_frames: int) -> np.ndarray:
+    """The first `max_frames` frames uint8 [T, H, W, 3] (RGB) of a video file, in decode order (a clip a user gives,
+    e.g. to prime a generator with). ValueError when it has no video stream or no frame; PyAV errors pass through."""
+    with av.open(str(source)) as container:
+        if not container.streams.video:
+            raise ValueError("no video stream")
+        frames = []
+        for frame in container.decode(container.streams.video[0]):
+            frames.append(frame.to_ndarray(format="rgb24"))
+            if len(frames) == max_frames:
+                break
+    if not frames:
+        raise ValueError("no frames")
+    return np.stack(frames)
+
+
 def clip_frames(x: torch.Tensor) -> torch.Tensor:
     """Clips [B, C, T, H, W] -> their frames [B·T, C, H, W] (clip-major); images [B, C, H, W] as they are."""
     return x.transpose(1, 2).flatten(0, 1) if x.ndim == 5 else x

@@ -5,6 +5,7 @@ prompt of a sequence, each continuing the last (`genforge sample --story`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -82,45 +83,122 @@ class PhenakiTask(MaskedTokenTask):
         return ids
 
     def sampler_settings(self, **opts: Any) -> dict[str, Any]:
-        settings = {**super().sampler_settings(**opts), "frames": opts.get("frames") or self.num_frames,
+        """MaskGIT's settings, the clip length (checked against the tokenizer's layout), the decoding order, and a
+        story's chapters or a prime's frames."""
+        frames = opts.get("frames") or self.num_frames
+        self.code_shape(1, frames=frames)  # 1 + k·temporal patch frames, or a ValueError saying which would do
+        settings = {**super().sampler_settings(**opts), "frames": frames,
                     "decode_order": opts.get("decode_order") or self.cfg.decode_order}
         if opts.get("story"):
-            t = self.code_shape(1, **opts)[1]
-            settings.update(story_chapters=len(opts["story"]), story_context_frames=self.story_context(t)[1])
+            chapters = self.chapters(opts["story"], frames)
+            settings["story"] = [{"prompt": c.prompt, "frames": c.frames, "carried": c.carried} for c in chapters]
+        if opts.get("prime") is not None:
+            settings["prime_frames"] = self.prime_length(opts["prime"].shape[2], frames)
         return settings
 
+    # ------------------------------------------------------------------------------------- continuing clips
     def story_context(self, token_frames: int) -> tuple[int, int]:
-        """(token frames, video frames) a story chapter carries over from the previous one: the last half of a
-        clip's token frames (at least one), i.e. its last 1 + (k − 1)·(temporal patch) frames re-encoded."""
+        """(token frames, video frames) a story chapter carries over from the previous one by default: the last
+        half of a clip's token frames (at least one), i.e. its last 1 + (k − 1)·(temporal patch) frames re-encoded."""
         carried = max(1, (token_frames - 1) // 2)
         return carried, 1 + (carried - 1) * self.temporal_downsample
 
+    def carried_tokens(self, carried_frames: int, frames: int, name: str) -> int:
+        """Token frames of `carried_frames` video frames kept from a context in a clip of `frames` frames; ValueError
+        naming `name` unless they are 1 + k·(temporal patch) and leave a token frame to generate."""
+        patch = self.temporal_downsample
+        if carried_frames < 1 or (carried_frames - 1) % patch or carried_frames > frames - patch:
+            raise ValueError(f"{name}: {carried_frames} carried frames; they must be 1 + k·{patch} and leave at "
+                             f"least {patch} of the clip's {frames} frames to generate")
+        return 1 + (carried_frames - 1) // patch
+
+    def prime_length(self, given: int, frames: int) -> int:
+        """Video frames of a prime of `given` frames that start a clip of `frames`: as many of its last frames as
+        make whole token frames and leave one token frame to generate."""
+        usable = min(given, frames - self.temporal_downsample)
+        return 1 + (usable - 1) // self.temporal_downsample * self.temporal_downsample
+
+    def chapters(self, lines: list[str], frames: int) -> list[Chapter]:
+        """A story file's chapters (`prompt [| frames [| carried frames]]` per line), with the clip length and the
+        frames carried into each chapter filled in and checked; ValueError naming --story and the line."""
+        chapters = []
+        for number, line in enumerate(lines, start=1):
+            parts = [part.strip() for part in line.split("|")]
+            try:
+                numbers = [int(part) for part in parts[1:]]
+            except ValueError:
+                numbers = []
+            if not parts[0] or len(parts) > 3 or len(numbers) != len(parts) - 1:
+                raise ValueError(f"--story line {number} {line!r}: expected 'prompt', 'prompt | frames' or "
+                                 "'prompt | frames | carried frames'")
+            length = numbers[0] if numbers else frames
+            if number == 1 and len(numbers) > 1:
+                raise ValueError(f"--story line 1 {line!r}: the first chapter carries no frames (it starts the story)")
+            try:
+                token_frames = self.code_shape(1, frames=length)[1]
+                carried = None
+                if number > 1:
+                    carried = numbers[1] if len(numbers) > 1 else self.story_context(token_frames)[1]
+                    self.carried_tokens(carried, length, "carried frames")
+            except ValueError as err:
+                raise ValueError(f"--story line {number} {line!r}: {err}") from None
+            chapters.append(Chapter(parts[0], length, carried))
+        return chapters
+
     def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
-        """As MaskGIT's; with `story` (a list of prompts), each sample's caption is the whole story."""
+        """As MaskGIT's; with `story` (a list of chapters), each sample's caption is the whole story's prompts."""
         if opts.get("story"):
             if opts.get("prompt") or opts.get("prompts"):
                 raise ValueError("--story and --prompt/--prompts: give one of them")
-            return Batch(text=[" / ".join(opts["story"])] * n)
+            return Batch(text=[" / ".join(c.prompt for c in self.chapters(opts["story"], self.num_frames))] * n)
         return super().sample_conditions(n, generator, **opts)
+
+    @torch.no_grad()
+    def continue_clip(self, context: Tensor, carried_frames: int, cond: Batch, generator: torch.Generator, n: int,
+                      **opts: Any) -> Tensor:
+        """A clip [n, C, F, H, W] that starts with the last `carried_frames` frames of `context` [n, C, T', H, W]
+        re-encoded by the causal tokenizer (their tokens kept) and goes on as `cond` prompts (Phenaki §2.3)."""
+        shape = self.code_shape(n, **opts)  # [n, t, h, w]
+        carried = self.carried_tokens(carried_frames, opts.get("frames") or self.num_frames, "carried frames")
+        known = self.token_codec.encode(context[:, :, -carried_frames:])  # [n, carried, h, w]
+        initial = torch.full(shape, self.model.mask_id, dtype=torch.long, device=known.device)
+        initial[:, :carried] = known
+        return super().sample(cond, generator, n, initial=initial, **opts)
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, initial: Tensor | None = None,
                **opts: Any) -> Tensor:
-        """Clips [n, C, T, H, W]; with `story` (prompts p_1 … p_m), Phenaki's story mode (§2.3, Fig. 1): the clip of
-        p_1, then for each next prompt the last video frames of the story so far are re-encoded by the causal
-        tokenizer (`story_context`), kept as the first token frames, and the rest decoded with the new prompt;
-        each chapter adds its frames after the carried ones: T = F + (m − 1)·(F − carried video frames)."""
-        story = opts.pop("story", None)
-        if not story:
+        """Clips [n, C, T, H, W]. With `prime` (a clip [1 or n, C, P, H, W]) the clip starts with the prime's last
+        `prime_length` frames through the tokenizer and goes on as prompted. With `story` (chapter lines), Phenaki's
+        story mode (§2.3, Fig. 1): the first chapter's clip (primed, if a prime is given), then for each next chapter
+        the last `carried` video frames of the story so far are re-encoded by the causal tokenizer, kept as the first
+        token frames, and the rest decoded with the chapter's prompt; each chapter adds its frames after the carried
+        ones: T = F_1 + Σ (F_i − carried_i)."""
+        story, prime = opts.pop("story", None), opts.pop("prime", None)
+        if not story and prime is None:
             return super().sample(cond, generator, n, initial=initial, **opts)
-        shape = self.code_shape(n, **opts)  # [n, t, h, w]
-        carried, carried_frames = self.story_context(shape[1])
+        frames = opts.pop("frames", None) or self.num_frames
+        chapters = self.chapters(story, frames) if story else [Chapter("", frames, None)]
         others = {k: v for k, v in cond.items() if k != "text"}
-        video = super().sample(Batch(**others, text=[story[0]] * n), generator, n, **opts)  # [n, C, F, H, W]
-        for prompt in story[1:]:
-            known = self.token_codec.encode(video[:, :, -carried_frames:])  # [n, carried, h, w]
-            initial = torch.full(shape, self.model.mask_id, dtype=torch.long, device=known.device)
-            initial[:, :carried] = known
-            clip = super().sample(Batch(**others, text=[prompt] * n), generator, n, initial=initial, **opts)
-            video = torch.cat([video, clip[:, :, carried_frames:]], dim=2)
+        first = Batch(**others, text=[chapters[0].prompt] * n) if story else cond
+        if prime is None:
+            video = super().sample(first, generator, n, frames=chapters[0].frames, **opts)  # [n, C, F, H, W]
+        else:
+            prime = prime.to(self.model.head.weight.device).expand(n, -1, -1, -1, -1)
+            video = self.continue_clip(prime, self.prime_length(prime.shape[2], chapters[0].frames), first, generator,
+                                       n, frames=chapters[0].frames, **opts)
+        for chapter in chapters[1:]:
+            clip = self.continue_clip(video, chapter.carried, Batch(**others, text=[chapter.prompt] * n), generator, n,
+                                      frames=chapter.frames, **opts)
+            video = torch.cat([video, clip[:, :, chapter.carried :]], dim=2)
         return video
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """A story chapter: its prompt, its clip's frames and the frames it carries over from the story so far (None
+    for the first chapter)."""
+
+    prompt: str
+    frames: int
+    carried: int | None

@@ -9,6 +9,7 @@ import json
 
 import av
 import pytest
+from PIL import Image, ImageSequence
 import torch
 from eval.eval_standins import TinyFeatures
 from fake_i3d import standin_file
@@ -20,7 +21,9 @@ from genforge.app.runs import build_task, make_trainer
 from genforge.cli import app
 from genforge.core.random import BatchRandom
 from genforge.data.loader import build_dataset, build_train_batches, data_info
-from genforge.data.moving_shapes import DIRECTIONS
+from genforge.app.api import read_video
+from genforge.data.moving_shapes import DIRECTIONS, MovingShapesDataset
+from genforge.data.video import write_video
 from genforge.eval import metrics as metrics_module
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch
@@ -130,6 +133,46 @@ def test_decoding_token_frames_in_order_decodes_each_frame_given_the_earlier_one
     calls.clear()
     task.sample(task.sample_conditions(2, gen, prompt="a red circle"), gen, 2, decode_order="parallel")
     assert len(calls) == 1 and calls[0] == (None, None)  # MaskGIT's order: one decode of every position
+
+
+def test_a_prime_starts_the_clip_through_the_tokenizer_and_the_rest_is_generated(tmp_path):
+    """--prime: the prime's last whole token frames come back as the tokenizer reconstructs them (the colour
+    stand-in's block colours), then the generated frames; a file is read like training clips."""
+    task = task_of().eval()  # 5-frame clips: token frames of 1, 2, 2 frames
+    prime = torch.rand(1, 3, 4, 16, 16) * 2 - 1  # 4 frames: the last 3 (1 + 2) are kept, 2 frames generated
+    assert task.prime_length(4, 5) == 3 and task.prime_length(9, 5) == 3 and task.prime_length(1, 5) == 1
+    gen = torch.Generator().manual_seed(0)
+    cond = task.sample_conditions(2, gen, prompt="a red circle moving left")
+    video = task.sample(cond, gen, 2, prime=prime)
+    assert video.shape == (2, 3, 5, 16, 16)
+    codec = task.token_codec
+    reconstructed = codec.decode(codec.encode(prime[:, :, -3:]))  # [1, 3, 3, 16, 16]
+    assert torch.equal(video[:, :, :3], reconstructed.expand(2, -1, -1, -1, -1).clamp(-1, 1))
+    assert task.sampler_settings(prime=prime)["prime_frames"] == 3
+    with pytest.raises(ValueError, match="carried frames"):
+        task.sample(cond, gen, 2, prime=prime, frames=1)  # a 1-frame clip leaves nothing to generate
+    clip = MovingShapesDataset(1, 16, 4, textured_fraction=0.0)[0]["video"]  # [3, 4, 16, 16]: a few flat colours
+    path = tmp_path / "prime.gif"
+    write_video(((clip.permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy(), path)
+    read = read_video(path, 16)
+    assert read.shape == (1, 3, 4, 16, 16) and (read[0] - clip).abs().mean() < 0.02  # GIF palette rounding
+    with pytest.raises(ValueError, match="--prime .*cannot read it as a video"):
+        read_video(tmp_path / "missing.mp4", 16, "--prime")
+
+
+def test_story_chapters_set_their_own_frames_and_carried_frames():
+    task = task_of().eval()
+    lines = ["a red circle moving left", "a red circle moving up | 9", "a blue square moving down | 7 | 3"]
+    chapters = task.chapters(lines, 5)
+    assert [(c.frames, c.carried) for c in chapters] == [(5, None), (9, 3), (7, 3)]  # 9 frames: 5 token frames, 2 carried
+    gen = torch.Generator().manual_seed(0)
+    video = task.sample(task.sample_conditions(2, gen, story=lines), gen, 2, story=lines)
+    assert video.shape == (2, 3, 5 + (9 - 3) + (7 - 3), 16, 16)
+    for bad, message in [(["a | x"], "expected 'prompt'"), (["a | 5 | 1"], "first chapter carries no frames"),
+                         (["a", "b | 6"], "1 \\+ k·2 frames"), (["a", "b | 5 | 2"], "1 \\+ k·2"),
+                         (["a", "b | 5 | 5"], "leave at least 2")]:
+        with pytest.raises(ValueError, match=message):
+            task.chapters(bad, 5)
 
 
 def test_default_prompts_are_held_out_captions_with_labels_and_directions():
@@ -259,3 +302,21 @@ def test_sampling_with_and_without_the_critic(tmp_path):
         task_of().sampler_settings(critic=True)
     out = runner.invoke(app, ["eval", str(tmp_path), "--critic"])
     assert out.exit_code == 2
+
+
+def test_previews_can_be_longer_than_the_training_clips(tmp_path):
+    """train.sample_frames: the preview GIF has that many frames; a length the tokenizer cannot make, or the key on
+    an image model, is refused before training (exit 2 naming the key)."""
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["train", "phenaki-debug", "--run-dir", str(run_dir), "--set", "train.steps=2",
+                                 "--set", "train.sample_frames=9"])
+    assert result.exit_code == 0, result.output
+    with Image.open(run_dir / "samples" / "step-000002.gif") as gif:  # equal frames merge: count by duration
+        total = sum(frame.info["duration"] for frame in ImageSequence.Iterator(gif))
+    assert abs(total - 9 * 125) <= 9 * 10  # 9 frames at 8 fps (GIF times in 10 ms units), not 5
+    result = runner.invoke(app, ["train", "phenaki-debug", "--run-dir", str(tmp_path / "bad"), "--set",
+                                 "train.steps=2", "--set", "train.sample_frames=8"])
+    assert result.exit_code == 2 and "train.sample_frames=8" in result.output and "1 + k·2" in result.output
+    result = runner.invoke(app, ["train", "maskgit-debug", "--run-dir", str(tmp_path / "img"), "--set",
+                                 "train.sample_frames=9", "--dry-run"])
+    assert result.exit_code == 2 and "train.sample_frames" in result.output
