@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from genforge.app.config import load_config
 from genforge.cli import app
 from genforge.families.cvivit.config import CViViTConfig
 from genforge.families.cvivit.model import CViViT
+from genforge.nn.attention import PreNormBlock
 from genforge.nn.quantizers import QuantizerConfig
 
 runner = CliRunner()
@@ -61,6 +63,23 @@ def test_tokens_of_a_frame_do_not_depend_on_later_frames():
     assert torch.equal(model.encode(video)[:, :3], model.encode(changed)[:, :3])
     recon, recon_changed = model.decode(model.encode(video)), model.decode(model.encode(changed))
     assert torch.equal(recon[:, :, :5], recon_changed[:, :, :5])  # the decoder is causal too
+
+
+def test_causal_temporal_attention_equals_the_masked_one():
+    """The temporal blocks attend causally through SDPA's is_causal; the same weights with the bool tril mask over
+    the t token frames (how it was computed before) give the same latents and videos."""
+    model = tiny(codebook_size=64)
+    video = torch.rand(2, 3, 9, 16, 16) * 2 - 1  # t = 5 token frames
+    z = model.encode_latent(video)
+    recon = model.decode_latent(model.quantize(z).zq)
+    tril = torch.ones(5, 5, dtype=torch.bool).tril()
+    for block in [*model.encoder.temporal, *model.decoder.temporal]:
+        assert block.attn.causal
+        block.attn.causal = False
+        block.forward = partial(PreNormBlock.forward, block, mask=tril)
+    masked_z = model.encode_latent(video)
+    torch.testing.assert_close(masked_z, z, rtol=0, atol=1e-6)
+    torch.testing.assert_close(model.decode_latent(model.quantize(z).zq), recon, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind, quantizer", [("vq", {"codebook_size": 64}), ("lfq", {"codebook_size": 32}),
