@@ -12,13 +12,16 @@ from torch import Tensor, nn
 class Attention(nn.Module):
     """Multi-head self-attention (the ViT block that DiT keeps, Peebles & Xie 2023 §3.2): one fused qkv
     projection, `scaled_dot_product_attention` (flash / memory-efficient kernels where the device has
-    them), output projection."""
+    them), output projection. `causal`: token i attends to tokens <= i through SDPA's `is_causal`, with no
+    [N, N] mask built (a materialised mask rules the flash kernels out)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, proj_bias: bool = True) -> None:
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, proj_bias: bool = True,
+                 causal: bool = False) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"attention width {dim} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
+        self.causal = causal
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
@@ -27,12 +30,17 @@ class Attention(nn.Module):
         """x [B, N, D] -> [B, N, D].
 
         `mask` goes to SDPA unchanged: broadcastable to [B, h, N, N]; bool (True = may attend) or
-        float (added to the logits). For key padding pass `keep[:, None, None, :]`.
+        float (added to the logits). For key padding pass `keep[:, None, None, :]`. A causal Attention takes
+        no mask.
         """
+        if self.causal and mask is not None:
+            raise ValueError("a causal Attention takes no mask (SDPA's is_causal); build it with causal=False "
+                             "and pass the combined mask instead")
         b, n, dim = x.shape
         qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim)  # [B, N, 3, h, d]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, h, N, d]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # softmax(q kᵀ / √d) v: [B, h, N, d]
+        # softmax(q kᵀ / √d) v, keys masked by `mask` or, causal, keys after the query: [B, h, N, d]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
         return self.proj(out.transpose(1, 2).reshape(b, n, dim))  # [B, N, D]
 
 
@@ -77,17 +85,17 @@ class Mlp(nn.Module):
 
 class PreNormBlock(nn.Module):
     """Pre-norm transformer encoder block: x + Attn(LN(x)), then x + MLP(LN(x)) (Xiong et al. 2020; the ViT and
-    CLIP towers, the tiny text encoder)."""
+    CLIP towers, the tiny text encoder); `causal` makes its attention causal (C-ViViT's temporal blocks)."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0) -> None:
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, causal: bool = False) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
+        self.attn = Attention(dim, heads, causal=causal)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
     def forward(self, x: Tensor, keep: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         """x [B, L, D], keep bool [B, L] (True = a real token, attended to; None: every token) -> [B, L, D];
-        or `mask` bool [L, L] (True = may attend), e.g. causal."""
+        or `mask` bool [L, L] (True = may attend); a causal block takes neither."""
         if keep is not None:
             mask = keep[:, None, None, :]  # key padding [B, 1, 1, L]
         x = x + self.attn(self.norm1(x), mask)

@@ -9,6 +9,9 @@ from pydantic import Field, field_validator, model_validator
 from genforge.core.config import DataConfig, FamilyConfig, StrictModel
 
 
+ReconstructionLoss = Literal["l1", "mse", "smooth_l1"]  # mse is L2
+
+
 class PerceptualConfig(StrictModel):
     """LPIPS-style perceptual loss (genforge.nn.features.PerceptualLoss); weight 0 turns it off."""
 
@@ -76,7 +79,7 @@ class TokenizerConfig(FamilyConfig):
 
     default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim")
     roles: ClassVar[tuple[str, ...]] = ("tokenizer",)
-    reconstruction_loss: Literal["l1", "mse", "smooth_l1"] = "l1"
+    reconstruction_loss: ReconstructionLoss = "l1"
     perceptual: PerceptualConfig = PerceptualConfig()
     gan: GANConfig | None = None
 

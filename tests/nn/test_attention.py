@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genforge.nn.attention import Attention, Mlp
+from genforge.nn.attention import Attention, Mlp, PreNormBlock
 
 
 def naive_attention(attn: Attention, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,6 +44,31 @@ def test_causal_mask_via_sdpa_semantics():
     causal = torch.ones(4, 4, dtype=torch.bool).tril()
     out = attn(x, causal)
     torch.testing.assert_close(out[:, :2], attn(x[:, :2], causal[:2, :2]), rtol=1e-5, atol=1e-6)
+
+
+def test_causal_attention_equals_the_tril_mask_without_building_one(monkeypatch):
+    """causal=True hands SDPA is_causal and no mask; it computes what the bool tril mask does (the same weights),
+    and a later token never changes an earlier token's output."""
+    torch.manual_seed(0)
+    causal, masked = PreNormBlock(8, 2, causal=True), PreNormBlock(8, 2)
+    masked.load_state_dict(causal.state_dict())
+    x = torch.randn(3, 6, 8)
+    tril = torch.ones(6, 6, dtype=torch.bool).tril()
+    torch.testing.assert_close(causal(x), masked(x, mask=tril), rtol=0, atol=1e-6)
+    torch.testing.assert_close(causal.attn(x), naive_attention(causal.attn, x, tril), rtol=1e-5, atol=1e-6)
+    changed = x.clone()
+    changed[:, 4:] = torch.randn(3, 2, 8)
+    assert torch.equal(causal(changed)[:, :4], causal(x)[:, :4])
+    assert not torch.allclose(causal(changed)[:, 4:], causal(x)[:, 4:])
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(kw) or sdpa(*a, **kw))
+    causal(x)
+    assert calls == [{"attn_mask": None, "is_causal": True}]
+    with pytest.raises(ValueError, match="takes no mask"):
+        causal.attn(x, tril)
 
 
 def test_options_and_width_check():

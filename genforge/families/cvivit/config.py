@@ -1,5 +1,8 @@
 """Config of the `cvivit` family: Phenaki's C-ViViT video tokenizer (Villegas et al. 2022, §2.1), trained with the
-shared tokenizer losses (genforge.tokenizers) and any shared quantizer (VQ, LFQ, FSQ: genforge.nn.quantizers)."""
+shared tokenizer losses (genforge.tokenizers) and any shared quantizer (VQ, LFQ, FSQ: genforge.nn.quantizers).
+Its defaults are the paper's loss weights: L2 reconstruction and the perceptual loss at 0.1 (the shared tokenizer
+defaults, L1 and 1.0, stay reachable by these keys; a run's config.yaml holds both, so a run keeps what it was
+trained with)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,14 @@ from pydantic import Field
 
 from genforge.core.config import DataConfig
 from genforge.nn.quantizers import QuantizerConfig
-from genforge.tokenizers.config import GANConfig, TokenizerConfig
+from genforge.tokenizers.config import GANConfig, PerceptualConfig, ReconstructionLoss, TokenizerConfig
+
+
+class CViViTPerceptualConfig(PerceptualConfig):
+    """The shared perceptual loss at Phenaki's weight 0.1, also when a config names the section without a weight."""
+
+    weight: float = Field(0.1, ge=0.0, description="Phenaki's 0.1 (Villegas et al. 2022); 1.0: the shared "
+                                                   "tokenizers' default, cvivit's before; 0: off")
 
 
 class CViViTConfig(TokenizerConfig):
@@ -29,6 +39,9 @@ class CViViTConfig(TokenizerConfig):
     pixel_norm: bool = Field(False, description="LayerNorm over each raw pixel patch before its linear embedding "
                                                 "(Dual PatchNorm, as phenaki-pytorch); it takes each patch's mean "
                                                 "and contrast away, so a flat patch's colour cannot be encoded")
+    reconstruction_loss: ReconstructionLoss = Field("mse", description="mse: L2, Phenaki's (Villegas et al. "
+                                                                       "2022); l1: cvivit's default before")
+    perceptual: CViViTPerceptualConfig = CViViTPerceptualConfig()
     quantizer: QuantizerConfig = QuantizerConfig(codebook_size=1024)
     gan: GANConfig | None = GANConfig()
 

@@ -36,7 +36,7 @@ class SpaceTimeTransformer(nn.Module):
                  temporal_first: bool) -> None:
         super().__init__()
         self.spatial = nn.ModuleList(PreNormBlock(dim, heads, mlp_ratio) for _ in range(spatial_depth))
-        self.temporal = nn.ModuleList(PreNormBlock(dim, heads, mlp_ratio) for _ in range(temporal_depth))
+        self.temporal = nn.ModuleList(PreNormBlock(dim, heads, mlp_ratio, causal=True) for _ in range(temporal_depth))
         self.temporal_first = temporal_first
         self.norm = nn.LayerNorm(dim)
 
@@ -50,9 +50,8 @@ class SpaceTimeTransformer(nn.Module):
     def run_temporal(self, x: Tensor) -> Tensor:
         b, t, h, w, d = x.shape
         x = rearrange(x, "b t h w d -> (b h w) t d") + sincos_pos_embed_1d(d, t).to(x)  # [B·h·w, t, D]
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # token frame i sees frames <= i
-        for block in self.temporal:
-            x = block(x, mask=causal)
+        for block in self.temporal:  # causal (SDPA's is_causal): token frame i attends to token frames <= i
+            x = block(x)
         return rearrange(x, "(b h w) t d -> b t h w d", b=b, h=h, w=w)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from genforge.app.config import load_config
 from genforge.cli import app
 from genforge.families.cvivit.config import CViViTConfig
 from genforge.families.cvivit.model import CViViT
+from genforge.nn.attention import PreNormBlock
 from genforge.nn.quantizers import QuantizerConfig
 
 runner = CliRunner()
+OLD_RUNS = Path(__file__).parents[2] / "fixtures" / "runs-3f8e24e"
 
 
 def tiny(kind: str = "vq", pixel_norm: bool = False, **quantizer) -> CViViT:
@@ -63,6 +68,23 @@ def test_tokens_of_a_frame_do_not_depend_on_later_frames():
     assert torch.equal(recon[:, :, :5], recon_changed[:, :, :5])  # the decoder is causal too
 
 
+def test_causal_temporal_attention_equals_the_masked_one():
+    """The temporal blocks attend causally through SDPA's is_causal; the same weights with the bool tril mask over
+    the t token frames (how it was computed before) give the same latents and videos."""
+    model = tiny(codebook_size=64)
+    video = torch.rand(2, 3, 9, 16, 16) * 2 - 1  # t = 5 token frames
+    z = model.encode_latent(video)
+    recon = model.decode_latent(model.quantize(z).zq)
+    tril = torch.ones(5, 5, dtype=torch.bool).tril()
+    for block in [*model.encoder.temporal, *model.decoder.temporal]:
+        assert block.attn.causal
+        block.attn.causal = False
+        block.forward = partial(PreNormBlock.forward, block, mask=tril)
+    masked_z = model.encode_latent(video)
+    torch.testing.assert_close(masked_z, z, rtol=0, atol=1e-6)
+    torch.testing.assert_close(model.decode_latent(model.quantize(z).zq), recon, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("kind, quantizer", [("vq", {"codebook_size": 64}), ("lfq", {"codebook_size": 32}),
                                              ("fsq", {"levels": [5, 3, 3], "codebook_size": 512})])
 def test_ids_always_lie_inside_the_vocabulary(kind, quantizer):
@@ -79,6 +101,46 @@ def test_ids_always_lie_inside_the_vocabulary(kind, quantizer):
 def test_num_frames_must_fit_the_tubelets():
     with pytest.raises(Exception, match="num_frames - 1 must be divisible by model.temporal_patch_size=2"):
         load_config("cvivit-debug", ["data.video.num_frames=6"])
+
+
+def test_the_paper_s_losses_are_the_defaults_and_the_former_ones_keys():
+    """L2 reconstruction and the perceptual loss at 0.1 (Phenaki) by default, also for a perceptual section that
+    names no weight; L1 and 1.0 (the defaults before) by keys; presets keep what they set."""
+    cfg = CViViTConfig()
+    assert cfg.reconstruction_loss == "mse" and cfg.perceptual.weight == 0.1
+    assert CViViTConfig(perceptual={"network": "vgg16", "weights_path": "w.pth"}).perceptual.weight == 0.1
+    former = CViViTConfig(reconstruction_loss="l1", perceptual={"weight": 1.0})
+    assert former.reconstruction_loss == "l1" and former.perceptual.weight == 1.0
+    shapes, paper = load_config("cvivit-moving-shapes").model, load_config("cvivit-paper").model
+    assert (shapes.reconstruction_loss, shapes.perceptual.weight) == ("l1", 0.0)
+    assert (paper.reconstruction_loss, paper.perceptual.weight) == ("mse", 0.1)
+
+
+def test_a_run_written_before_the_paper_s_defaults_keeps_its_losses(tmp_path):
+    """A run's config.yaml holds every field (resolved), so a run trained with the former defaults (L1, perceptual
+    1.0) reads back with them and resumes from it unchanged; the same preset command, now L2, is refused (exit 2)
+    rather than switching the loss of a run under way."""
+    old = yaml.safe_load((OLD_RUNS / "cvivit" / "config.yaml").read_text())  # written by 3f8e24e
+    assert old["model"]["reconstruction_loss"] == "l1" and "weight" in old["model"]["perceptual"]
+    old["model"]["perceptual"]["weight"] = 1.0  # what a run that left it at its default then wrote
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
+    model = load_config(str(tmp_path / "old.yaml")).model
+    assert (model.reconstruction_loss, model.perceptual.weight) == ("l1", 1.0)
+
+    run = tmp_path / "run"  # trained with the former reconstruction loss
+    trained = runner.invoke(app, ["train", "cvivit-debug", "--run-dir", str(run), "--set",
+                                  "model.reconstruction_loss=l1", "--set", "train.steps=2", "--set",
+                                  "train.checkpoint_every=2"])
+    assert trained.exit_code == 0, trained.output
+    resumed = runner.invoke(app, ["train", str(run / "config.yaml"), "--run-dir", str(run), "--set", "train.steps=3",
+                                  "--set", "train.checkpoint_every=3"])
+    assert resumed.exit_code == 0, resumed.output
+    assert load_config(str(run / "config.yaml")).model.reconstruction_loss == "l1"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    changed = [r["message"] for r in records if r.get("event") == "config_change"]
+    assert len(changed) == 1 and "train.steps: 2 -> 3" in changed[0] and "reconstruction_loss" not in changed[0]
+    refused = runner.invoke(app, ["train", "cvivit-debug", "--run-dir", str(run), "--set", "train.steps=4"])
+    assert refused.exit_code == 2 and "model.reconstruction_loss: 'l1' -> 'mse'" in refused.stderr
 
 
 def test_train_evaluate_per_frame_then_phenaki_trains_on_a_video_token_cache(tmp_path):
