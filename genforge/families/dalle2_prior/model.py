@@ -35,11 +35,10 @@ class PriorNetwork(nn.Module):
         self.null_text_embed = nn.Parameter(torch.randn(1, width) * 0.02)
         self.null_text_tokens = nn.Parameter(torch.randn(1, max(self.text_tokens, 1), width) * 0.02)
         self.pos = nn.Parameter(torch.randn(1, positions, width) * 0.02)
-        self.blocks = nn.ModuleList(PreNormBlock(width, num_heads) for _ in range(depth))
+        # causal: position i attends to positions <= i (SDPA's is_causal, no materialised mask)
+        self.blocks = nn.ModuleList(PreNormBlock(width, num_heads, causal=True) for _ in range(depth))
         self.norm = nn.LayerNorm(width)
         self.out = nn.Linear(width, embed_dim)
-        causal = torch.ones(positions, positions, dtype=torch.bool).tril()  # [N, N], True = may attend
-        self.register_buffer("causal", causal, persistent=False)
 
     def text_encoding_tokens(self, text_tokens: Tensor, text_mask: Tensor, keep: Tensor) -> Tensor:
         """Encodings [B, L, W_t] -> T tokens [B, T, W]: the first T, projected; padding and dropped rows are the
@@ -67,7 +66,7 @@ class PriorNetwork(nn.Module):
                   self.query.expand(b, -1, -1)]  # 4 × [B, 1, W]
         seq = torch.cat(parts, dim=1) + self.pos  # [B, N, W]
         for block in self.blocks:
-            seq = block(seq, mask=self.causal)
+            seq = block(seq)
         return seq
 
     def forward(self, x: Tensor, t: Tensor, text_embed: Tensor, text_tokens: Tensor | None = None,
