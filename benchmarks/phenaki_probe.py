@@ -1,0 +1,87 @@
+"""Does a phenaki run's generator read the motion words, and does it prefer still clips? A probe on held-out
+moving-shapes clips (docs/phenaki.md, "Why the clips stood still").
+
+Each held-out clip is tokenized; its first token frame (the shape's start) stays visible and every later token frame
+is masked. The generator's logits at the masked positions (conditional, no guidance) then score:
+
+- `ce true`: cross-entropy of the clip's real tokens under its own caption, and `ce other`: under the same caption
+  with each of the three other directions (mean). A generator that reads the motion words has ce true < ce other.
+- `direction from ce`: share of clips whose own caption gives the lowest cross-entropy of the four directions
+  (chance 0.25).
+- `still vs moving`: log p(the first token frame copied into every later frame) − log p(the real later frames),
+  per clip, under the true caption; positive means the generator prefers a still clip to the real motion.
+
+    python benchmarks/phenaki_probe.py runs/phenaki-moving-shapes [--n 128] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from genforge.app.runs import load_run
+from genforge.data.base import collate
+from genforge.data.loader import heldout_samples
+from genforge.data.moving_shapes import DIRECTIONS
+
+
+def with_direction(caption: str, direction: str) -> str:
+    """The caption with its motion word replaced ("... moving left" -> "... moving up")."""
+    return caption.rsplit("moving ", 1)[0] + f"moving {direction}"
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--n", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_run(args.run_dir)
+    task, cfg = loaded.task.eval(), loaded.config
+    samples = list(heldout_samples(cfg.data, args.n))
+    per_frame = task.grid**2
+    ce_true, ce_other, right, still_minus_moving = [], [], [], []
+    for start in range(0, len(samples), args.batch):
+        batch = collate(samples[start : start + args.batch])
+        ids = task.to_tokens({"video": batch["video"]})  # [B, N]
+        b, n = ids.shape
+        masked = torch.zeros(n, dtype=torch.bool)
+        masked[per_frame:] = True  # every token frame after the first
+        inputs = ids.masked_fill(masked, task.model.mask_id)
+        keep = torch.zeros(b, dtype=torch.bool)
+        still = ids[:, :per_frame].repeat(1, n // per_frame)  # the first token frame in every frame: [B, N]
+        per_direction = []
+        for direction in DIRECTIONS:
+            texts = [with_direction(t, direction) for t in batch["text"]]
+            context, context_mask = task.context({"text": texts}, keep)
+            logp = F.log_softmax(task.model(inputs, context, context_mask)[:, masked].float(), -1)  # [B, M, K]
+            real = -logp.gather(-1, ids[:, masked, None])[..., 0]  # [B, M]
+            per_direction.append(real.mean(1))  # [B]
+        ce = torch.stack(per_direction, 1)  # [B, 4]
+        truth = batch["direction"].long()  # [B]
+        ce_true.append(ce.gather(1, truth[:, None])[:, 0])
+        ce_other.append((ce.sum(1) - ce.gather(1, truth[:, None])[:, 0]) / 3)
+        right.append(ce.argmin(1) == truth)
+        context, context_mask = task.context({"text": list(batch["text"])}, keep)
+        logp = F.log_softmax(task.model(inputs, context, context_mask)[:, masked].float(), -1)
+        moving = logp.gather(-1, ids[:, masked, None])[..., 0].sum(1)  # [B]
+        copied = logp.gather(-1, still[:, masked, None])[..., 0].sum(1)
+        still_minus_moving.append(copied - moving)
+    ce_true, ce_other = torch.cat(ce_true), torch.cat(ce_other)
+    right, gap = torch.cat(right).float(), torch.cat(still_minus_moving)
+    print(f"{args.run_dir}: {len(ce_true)} held-out clips, first token frame given, {n // per_frame - 1} masked")
+    print(f"  ce true caption {ce_true.mean():.3f}, other directions {ce_other.mean():.3f} "
+          f"(difference {float((ce_other - ce_true).mean()):+.3f})")
+    print(f"  direction from ce: {right.mean():.3f} (chance 0.25)")
+    print(f"  log p(still) - log p(real motion): mean {gap.mean():+.1f} nats, clips preferring still "
+          f"{(gap > 0).float().mean():.3f}")
+
+
+if __name__ == "__main__":
+    main()
