@@ -161,10 +161,11 @@ def test_a_trained_prior_opens_and_evaluates(tmp_path):
 
 
 
-def test_encoding_the_clip_run_stores_its_text_towers_states_once_per_caption():
+def test_encoding_the_clip_run_stores_its_text_towers_states_once_per_caption(tmp_path):
     """`genforge encode CLIP_RUN`: the image embeddings and, through the text_embeds mechanism, the run's own text
-    tower's states of each distinct caption (flipped ones too), equal to the tower's to float16."""
-    manifest, codec = read_manifest(CACHE), load_codec(CLIP_RUN)[0]
+    tower's states of each distinct caption (flipped ones too), equal to the tower's to float16; uncaptioned images
+    get their embeddings only."""
+    manifest, (codec, info) = read_manifest(CACHE), load_codec(CLIP_RUN)
     entry = manifest.text_encoder
     assert manifest.kind == "image_embed" and entry["kind"] == "tiny" and entry["path"] == str(CLIP_RUN.resolve())
     assert entry["fingerprint"] == codec.text_tower().fingerprint() and entry["dim"] == codec.text_width
@@ -175,6 +176,11 @@ def test_encoding_the_clip_run_stores_its_text_towers_states_once_per_caption():
     states, mask = codec.encode_texts(distinct)  # [U, L, W_t], padded to the longest, as stored
     assert torch.equal(stored.mask, mask)
     torch.testing.assert_close(stored.embeds.float(), states, atol=2e-3, rtol=1e-3)
+    assert runner.invoke(app, ["data", "shapes", "--out", str(tmp_path / "images"), "--n", "4"]).exit_code == 0
+    for caption in (tmp_path / "images").rglob("*.txt"):
+        caption.unlink()
+    folder = load_config("clip-debug", ["data.source=folder", f"data.path={tmp_path / 'images'}"]).data
+    assert encode_dataset(codec, info, folder, tmp_path / "cache", flip=False).text_encoder is None
 
 
 def test_cached_states_give_the_live_conditions_and_loss_without_the_text_tower(monkeypatch):
