@@ -391,7 +391,9 @@ def encode(
     batch_size: Annotated[int, typer.Option(min=1, help="images per encoder call")] = 64,
     shard_size: Annotated[int, typer.Option(min=1, help="samples per shard")] = 10_000,
     text_encoder: Annotated[Optional[str], typer.Option(help="also store the captions' embeddings by this frozen "
-                                                             "text encoder: minilm, t5 or clip (docs/text.md)")]
+                                                             "text encoder: minilm, t5 or clip (docs/text.md); "
+                                                             "none: no caption embeddings (a clip run stores its "
+                                                             "own text tower's by default)")]
     = None,
     text_encoder_path: Annotated[Optional[str], typer.Option(help="its checkpoint directory (t5, clip; minilm: "
                                                                   "default the packaged one)")] = None,
@@ -401,20 +403,21 @@ def encode(
     = None,
 ) -> None:
     """Encode a data set once with a tokenizer: latents or token ids as webdataset shards + cache.json (and, with
-    --text-encoder, the captions' text embeddings). Under torchrun the processes encode parts of the data set into
-    one cache, the same as one process writes."""
+    --text-encoder, the captions' text embeddings; a clip run, image embeddings and, automatically, its own text
+    tower's states of each distinct caption, what the DALL·E 2 prior trains on). Under torchrun the processes encode
+    parts of the data set into one cache, the same as one process writes."""
     overrides = set_ or []
     for item in overrides:
         if not item.startswith("data."):
             _fail(f"--set {item!r}: only data.* keys apply to encode")
-    if text_encoder is None and text_encoder_path is not None:
+    if text_encoder in (None, "none") and text_encoder_path is not None:
         _fail("--text-encoder-path applies to --text-encoder")
     device = default_device()
     _join_process_group()
     rank = rank_and_world()[0]
     try:
         text = None
-        if text_encoder is not None:
+        if text_encoder not in (None, "none"):
             text = TextEncoderConfig(kind=text_encoder, path=text_encoder_path, max_length=text_max_length)
         codec, info = load_any_codec(tokenizer, device)
         run_config = None if info.source == "diffusers" else load_config(str(tokenizer / "config.yaml"))
@@ -425,7 +428,7 @@ def encode(
         cfg = load_config(data or str(tokenizer / "config.yaml"), overrides)
         manifest = encode_dataset(codec, info, cfg.data, out, flip=cfg.data.flip if flip is None else flip,
                                   batch_size=batch_size, shard_size=shard_size, device=device, progress=True,
-                                  text=text, precision=precision)
+                                  text=text, codec_text=text_encoder != "none", precision=precision)
     except (ValueError, FileNotFoundError, CheckpointReadError) as err:  # ConfigError, CacheError: ValueErrors
         _fail(str(err))
     finally:

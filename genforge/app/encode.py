@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from webdataset import TarWriter
 
-from genforge.core.codec import CodecInfo
+from genforge.core.codec import CodecInfo, TextTowerEmbedder
 from genforge.core.config import DataConfig
 from genforge.core.files import TMP_PREFIX, fsync_dir, fsync_tree, write_atomically
 from genforge.core.precision import autocast
@@ -47,12 +47,13 @@ T = TypeVar("T")
 
 def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str | Path, *, flip: bool,
                    batch_size: int = 64, shard_size: int = 10_000, device: torch.device | str = "cpu",
-                   progress: bool = False, text: TextEncoderConfig | None = None,
+                   progress: bool = False, text: TextEncoderConfig | None = None, codec_text: bool = True,
                    precision: str = "no") -> CacheManifest:
     """Encode the training split of `data` (images or clips; unflipped, plus its mirror image when `flip`) with
     `codec`, run under the autocast of `precision` (codes stored from float32), into the cache folder `out`, which
-    must not exist or be empty; with `text` (a frozen text encoder), also the distinct captions
-    (genforge.data.text_embeds). Everything is written under a temporary name that is renamed to `out` at the end,
+    must not exist or be empty; also the distinct captions (genforge.data.text_embeds) by `text` (a frozen text
+    encoder), else, when `codec_text` and the codec has a text tower (a TextTowerEmbedder: a clip run) and the data
+    has captions, by that tower. Everything is written under a temporary name that is renamed to `out` at the end,
     so a killed or failed encode (on any rank) never leaves a manifest for incomplete shards or embeddings.
     `progress`: a bar on a terminal, else plain lines, and a closing summary (rank 0)."""
     out = Path(out)
@@ -66,9 +67,9 @@ def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str
         raise CacheError(f"--text-encoder {text.kind}: only frozen text encoders (minilm, t5, clip) can be cached; "
                          f"{text.kind} trains with the model, so its embeddings change every step")
     staging = out.parent / f"{TMP_PREFIX}{out.name}"
+    tower = text is None and codec_text and isinstance(codec, TextTowerEmbedder)  # its own states, per caption
     # before hours of encoding; rank 0 embeds the captions
-    text_encoder = _together(lambda: build_text_encoder(text, memo=False).to(device)
-                             if text is not None and rank == 0 else None, staging)
+    text_encoder = _together(lambda: _text_encoder(codec, text, tower, device) if rank == 0 else None, staging)
     dataset = build_dataset(data, split="train", flip=False)
     if rank == 0:
         if staging.exists():
@@ -81,13 +82,17 @@ def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str
         folder = staging if world == 1 else staging / f"{TMP_PREFIX}rank-{rank:05d}"
         pattern = SHARD_PATTERN if world == 1 else PART_PATTERN
         mine = _together(lambda: _encode_part(codec, info, data, dataset, rank, world, folder, pattern, flip,
-                                              batch_size, shard_size, device, precision, bar, text is not None),
+                                              batch_size, shard_size, device, precision, bar,
+                                              text is not None or tower),
                          staging)
         parts = gather_objects(mine)
+        if tower and not any(p.captions for p in parts):
+            text_encoder = None  # uncaptioned images: their embeddings only
         manifest = _manifest(info, data, dataset, flip, parts, shard_size)
         if world > 1:
             _together(lambda: _renumber(staging, parts, shard_size, rank), staging)
-        _together(lambda: _finish(staging, out, manifest, parts, text_encoder, text, batch_size, progress)
+        text_path = info.run_dir if tower else text.path if text is not None else None
+        _together(lambda: _finish(staging, out, manifest, parts, text_encoder, text_path, batch_size, progress)
                   if rank == 0 else None, staging)
     except BaseException:
         if rank == 0:
@@ -115,6 +120,15 @@ def _together(step: Callable[[], T], staging: Path) -> T:
     if error is not None:
         raise error
     raise CacheError("another process of this encode failed (its error is in its output); nothing was written")
+
+
+def _text_encoder(codec: nn.Module, text: TextEncoderConfig | None, tower: bool,
+                  device: torch.device | str) -> TextEncoder | None:
+    """The encoder whose embeddings of the captions the cache stores: the codec's own text tower (`tower`), else
+    the frozen text encoder of `text`, else none."""
+    if tower:
+        return codec.text_tower()
+    return build_text_encoder(text, memo=False).to(device) if text is not None else None
 
 
 @dataclass
@@ -275,14 +289,14 @@ def _records(staging: Path, parts: list[_Part], offsets: list[int], start: int, 
 
 
 def _finish(staging: Path, out: Path, manifest: CacheManifest, parts: list[_Part], text_encoder: TextEncoder | None,
-            text: TextEncoderConfig | None, batch_size: int, progress: bool) -> None:
-    """Rank 0, once every rank's shards are in `staging`: drop the temporary parts, embed the captions, write the
-    manifest last and rename the folder to `out`."""
+            text_path: str | None, batch_size: int, progress: bool) -> None:
+    """Rank 0, once every rank's shards are in `staging`: drop the temporary parts, embed the captions (`text_path`:
+    where the text encoder comes from), write the manifest last and rename the folder to `out`."""
     for folder in staging.glob(f"{TMP_PREFIX}rank-*"):
         shutil.rmtree(folder)
     if text_encoder is not None:
         captions = list(dict.fromkeys(c for p in parts for c in p.captions))
-        manifest.text_encoder = write_text_embeds(text_encoder, text, captions, staging, batch_size, progress)
+        manifest.text_encoder = write_text_embeds(text_encoder, captions, staging, batch_size, progress, text_path)
     fsync_tree(staging)
     write_atomically(staging / MANIFEST, manifest.model_dump_json(indent=1) + "\n")  # last
     os.replace(staging, out)

@@ -86,6 +86,18 @@ class TextEncodingEmbedder(ImageEmbedder, Protocol):
 
 
 @runtime_checkable
+class TextTowerEmbedder(TextEncodingEmbedder, Protocol):
+    """A TextEncodingEmbedder whose text embedding is a function of its text tower's states (genforge's `clip`:
+    their mean over the real tokens, projected), so that states stored once stand in for the tower:
+    `embed_encodings(states, mask)` is `embed_texts` of the captions they encode; `text_tower()` is the tower, a
+    frozen genforge TextEncoder (`encode`, `fingerprint`) whose states `genforge encode` stores per caption."""
+
+    def text_tower(self) -> Any: ...
+
+    def embed_encodings(self, states: Tensor, mask: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
 class TextToImageEmbedding(Protocol):
     """Captions -> image embeddings of an ImageEmbedder's space (DALL·E 2's prior, §2.2): unit-norm [B, D], drawn
     with `generator`; what a decoder conditioned on image embeddings is driven by for text-to-image."""

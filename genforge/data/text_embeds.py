@@ -1,4 +1,5 @@
-"""Frozen text encoders' embeddings stored in a cache folder (`genforge encode --text-encoder KIND`).
+"""Frozen text encoders' embeddings stored in a cache folder (`genforge encode --text-encoder KIND`, or the text
+tower of an image embedder that has one: a clip run's).
 
 Every distinct caption of the cache (and of its flipped variant) is encoded once; two files hold them:
 
@@ -21,7 +22,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from genforge.data.base import CacheError
-from genforge.text.config import TextEncoderConfig
 from genforge.text.base import TextEncoder, pad_rows, trim_rows
 
 EMBEDS_FILE = "text_embeds.safetensors"
@@ -29,12 +29,12 @@ CAPTIONS_FILE = "text_embeds.json"
 
 
 @torch.no_grad()
-def write_text_embeds(encoder: TextEncoder, cfg: TextEncoderConfig, captions: Sequence[str], folder: Path,
-                      batch_size: int = 64, progress: bool = False) -> dict[str, Any]:
+def write_text_embeds(encoder: TextEncoder, captions: Sequence[str], folder: Path, batch_size: int = 64,
+                      progress: bool = False, path: str | None = None) -> dict[str, Any]:
     """Encode the distinct `captions` once, `batch_size` at a time, and write both files into `folder`; returns
-    the manifest's `text_encoder` entry."""
+    the manifest's `text_encoder` entry (`path`: where the encoder's weights come from, recorded)."""
     if not captions:
-        raise CacheError(f"--text-encoder {cfg.kind}: the data set has no captions to encode")
+        raise CacheError(f"--text-encoder {encoder.kind}: the data set has no captions to encode")
     rows: list[Tensor] = []
     batches = range(0, len(captions), batch_size)
     for start in tqdm(batches, desc="text embeddings", unit="batch", disable=not progress):
@@ -42,9 +42,11 @@ def write_text_embeds(encoder: TextEncoder, cfg: TextEncoderConfig, captions: Se
     embeds, mask = pad_rows(rows, encoder.dim)  # [U, L, D], [U, L]
     stored = embeds.half()
     if not torch.isfinite(stored).all():
-        raise CacheError(f"the {cfg.kind} text embeddings overflow float16 (max |x| {embeds.abs().max().item():.4g})")
+        raise CacheError(f"the {encoder.kind} text embeddings overflow float16 (max |x| "
+                         f"{embeds.abs().max().item():.4g})")
     save_file({"embeds": stored, "mask": mask}, str(folder / EMBEDS_FILE))
-    entry = {"kind": cfg.kind, "path": cfg.path, "max_length": cfg.max_length, "fingerprint": encoder.fingerprint()}
+    entry = {"kind": encoder.kind, "path": path, "max_length": encoder.max_length,
+             "fingerprint": encoder.fingerprint()}
     (folder / CAPTIONS_FILE).write_text(json.dumps({**entry, "captions": list(captions)}, ensure_ascii=False))
     return {**entry, "count": len(captions), "length": int(mask.shape[1]), "dim": encoder.dim,
             "files": {"embeds": EMBEDS_FILE, "captions": CAPTIONS_FILE}}

@@ -200,16 +200,21 @@ def attach_text_encoder(owner: nn.Module, name: str, encoder: TextEncoder) -> No
         setattr(owner, name, Frozen(encoder))
 
 
-def use_cached_text_embeds(cached: str | None, encoder: TextEncoder, path: str | None) -> bool:
+def use_cached_text_embeds(cached: str | None, encoder: TextEncoder, path: str | None, frozen: bool = False,
+                           remedy: str | None = None) -> bool:
     """Whether a family should take `text_embed` / `text_mask` from the batches instead of encoding `text`: the
     data is a cache (at `path`) whose embeddings `encoder` wrote (`cached`: the fingerprint of the encoder that wrote
-    them, DataInfo.text_encoder). False when there are none or the encoder is trainable; a ConfigError when another
-    frozen encoder wrote them."""
-    if cached is None or encoder.trainable:
+    them, DataInfo.text_encoder). False when there are none or the encoder is trainable, unless `frozen` (a
+    trainable kind held frozen, e.g. a clip run's `tiny` text tower under the DALL·E 2 prior); a ConfigError ending
+    in `remedy` (default: re-encode with the configured encoder) when another encoder wrote them. Built on the meta
+    device (--dry-run), an encoder whose fingerprint then names its architecture only (`tiny`) accepts the
+    embeddings of that architecture; its weights are checked when it is built for training."""
+    if cached is None or (encoder.trainable and not frozen):
         return False
-    if cached != encoder.fingerprint():
+    mine = encoder.fingerprint()
+    if cached != mine and not (encoder.device.type == "meta" and cached.startswith(f"{mine}:")):
+        remedy = remedy or (f"re-encode the cache with the configured encoder (genforge encode ... --text-encoder "
+                            f"{encoder.kind}) or configure model.text to match it")
         raise ConfigError(f"the text embeddings in the cache {path} were written by another text encoder than the "
-                          f"configured one:\n  cache:      {cached}\n  configured: {encoder.fingerprint()}"
-                          f"\nre-encode the cache with the configured encoder (genforge encode ... --text-encoder "
-                          f"{encoder.kind}) or configure model.text to match it")
+                          f"configured one:\n  cache:      {cached}\n  configured: {mine}\n{remedy}")
     return True

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from genforge.families.clip.config import ClipConfig
 from genforge.nn.attention import PreNormBlock
 from genforge.nn.embeddings import PatchEmbed, sincos_pos_embed_2d
+from genforge.nn.frozen import held_on
 from genforge.text.base import TextEncoder
 from genforge.text.encoders import attach_text_encoder
 
@@ -44,7 +45,7 @@ class VisionTower(nn.Module):
 
 
 class ClipModel(nn.Module):
-    """The two towers and the learned temperature; an ImageEmbedder (genforge.core.codec): `embed_images`,
+    """The two towers and the learned temperature; a TextTowerEmbedder (genforge.core.codec): `embed_images`,
     `embed_texts` give unit-norm [B, D] embeddings in the shared space."""
 
     has_text = True
@@ -76,8 +77,16 @@ class ClipModel(nn.Module):
         text encodings DALL·E 2's prior attends to."""
         return self.text_encoder.encode_on(list(texts), self.text_proj.weight.device)
 
-    def embed_texts(self, texts: list[str]) -> Tensor:
-        """Captions -> unit-norm [B, D]: the text encoder's states averaged over the real tokens, projected."""
-        states, keep = self.encode_texts(texts)  # [B, L, W_t], [B, L]
-        pooled = (states * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp_min(1)  # [B, W_t]
+    def text_tower(self) -> TextEncoder:
+        """The text encoder whose states `encode_texts` gives, on this model's device."""
+        return held_on(self.text_encoder, self.text_proj.weight.device)
+
+    def embed_encodings(self, states: Tensor, mask: Tensor) -> Tensor:
+        """The text tower's states [B, L, W_t] and mask bool [B, L] (of `encode_texts`, or stored by `genforge
+        encode`) -> unit-norm [B, D]: the states averaged over the real tokens, projected."""
+        pooled = (states * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1)  # [B, W_t]
         return F.normalize(self.text_proj(pooled.to(self.text_proj.weight.dtype)), dim=-1)
+
+    def embed_texts(self, texts: list[str]) -> Tensor:
+        """Captions -> unit-norm [B, D] (`embed_encodings` of their states)."""
+        return self.embed_encodings(*self.encode_texts(texts))

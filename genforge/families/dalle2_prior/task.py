@@ -5,9 +5,10 @@ Training: the CLIP image embedding of each training image (embedded each step, o
 of the same clip run), L2-normalised and scaled by √D (so its entries have unit
 variance; DALLE2-pytorch's `image_embed_scale`), is the x₀ of a Gaussian diffusion (cosine schedule); the network
 predicts x₀ itself ("we found it better to train our prior to predict the unnoised CLIP image embedding directly",
-§2.2) from x_t, t and the caption's CLIP text embedding and encodings, which are replaced by learned null conditions
-in `cond_drop_prob` of the rows (classifier-free guidance). Sampling draws `candidates` embeddings per caption and
-keeps the one with the highest dot product with the caption's text embedding (§2.2).
+§2.2) from x_t, t and the caption's CLIP text embedding and encodings (the text tower run each step, or its states
+read from the cache), which are replaced by learned null conditions in `cond_drop_prob` of the rows
+(classifier-free guidance). Sampling draws `candidates` embeddings per caption and keeps the one with the highest
+dot product with the caption's text embedding (§2.2).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from genforge.core.codec import TextTowerEmbedder
+from genforge.core.errors import ConfigError
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, given_prompts, heldout_captions, interleave_rows
 from genforge.diffusion.build import build_objective, sample_diffusion
@@ -27,6 +30,7 @@ from genforge.families.dalle2_prior.model import PriorNetwork
 from genforge.nn.attention import PreNormBlock
 from genforge.nn.frozen import Frozen, held_on
 from genforge.text.clip_embedder import PretrainedClipEmbedder
+from genforge.text.encoders import use_cached_text_embeds
 
 RETRIEVAL_BANK = 256  # held-out images whose nearest one to each predicted embedding the previews show
 
@@ -61,7 +65,24 @@ class Dalle2PriorTask(Task):
         text_dim = int(self.embedder.text_width) if cfg.text_encodings else 0
         self.model = PriorNetwork(self.embed_dim, cfg.width, cfg.depth, cfg.num_heads, text_dim, cfg.max_text_tokens)
         self.objective = build_objective(cfg.diffusion)
+        self.use_cached_text = self._uses_cached_text(ctx)  # the text tower's states from the batches
         self._bank: tuple[Tensor, Tensor] | None = None  # (images, embeddings) of held-out images, built on use
+
+    def _uses_cached_text(self, ctx: BuildContext) -> bool:
+        """Whether the batches' `text_embed` / `text_mask` (a cache written by `genforge encode CLIP_RUN`: its text
+        tower's states per caption) replace running the tower: only on a cache being trained on (a finished run is
+        sampled from prompts and needs none), whose states the tower wrote (ConfigError otherwise)."""
+        info = ctx.info
+        if info.encoder_hash is None or info.text_encoder is None:
+            return False
+        if not isinstance(self.embedder, TextTowerEmbedder):  # e.g. a pretrained CLIP: the end-of-text token's
+            raise ConfigError(f"the cache {ctx.data.path} holds text encodings, but the text embedding of "
+                              f"model.embedder.path={self.cfg.embedder.path} is not pooled from them as stored; "
+                              "train on the images")
+        return use_cached_text_embeds(info.text_encoder, self.embedder.text_tower(), ctx.data.path, frozen=True,
+                                      remedy=f"re-encode it without --text-encoder (genforge encode "
+                                             f"{self.cfg.embedder.path} --out NEW_DIR stores the clip run's own text "
+                                             "tower's), or train on the images")
 
     def ema_module(self) -> nn.Module:
         return self.model
@@ -81,10 +102,22 @@ class Dalle2PriorTask(Task):
         """The network's caption inputs: the unit-norm CLIP text embedding [B, D] and, with text encodings, the text
         tower's per-token states [B, L, W_t] and mask [B, L]."""
         clip = held_on(self.embedder, device)
+        if isinstance(clip, TextTowerEmbedder):  # the tower runs once; its states make both
+            states, mask = clip.encode_texts(list(texts))
+            return self.encoding_conditions(states.to(device), mask.to(device))
         kwargs = {"text_embed": F.normalize(clip.embed_texts(list(texts)).float(), dim=-1).to(device)}
         if self.cfg.text_encodings:
             tokens, mask = clip.encode_texts(list(texts))
             kwargs.update(text_tokens=tokens.float().to(device), text_mask=mask.bool().to(device))
+        return kwargs
+
+    @torch.no_grad()
+    def encoding_conditions(self, states: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        """`text_conditions` from the text tower's states [B, L, W_t] and mask [B, L] (live, or stored in a cache as
+        float16): the text embedding pooled from them as the CLIP pools it (`embed_encodings`)."""
+        kwargs = {"text_embed": held_on(self.embedder, states.device).embed_encodings(states, mask).float()}
+        if self.cfg.text_encodings:
+            kwargs.update(text_tokens=states.float(), text_mask=mask.bool())
         return kwargs
 
     def text_embeds(self, texts: list[str]) -> Tensor:
@@ -107,7 +140,10 @@ class Dalle2PriorTask(Task):
         else:
             x0 = self.image_embeds(batch["image"]) * self.scale
         device = x0.device
-        kwargs = self.text_conditions(batch["text"], device)
+        if self.use_cached_text and "text_embed" in batch:  # the tower's states [B, L, W_t] (the Batch field)
+            kwargs = self.encoding_conditions(batch["text_embed"].to(device), batch["text_mask"].to(device))
+        else:
+            kwargs = self.text_conditions(batch["text"], device)
         kwargs["keep"] = rng.rand() >= self.cfg.cond_drop_prob  # [B] bool
         time, noise = self.objective.draw(rng, x0)
         terms = self.objective.training_losses(self.model, x0, time, noise, model_kwargs=kwargs)

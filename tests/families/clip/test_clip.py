@@ -1,5 +1,6 @@
-"""clip: the family contract, the InfoNCE loss against a hand computation, the temperature cap, unit-norm embeddings,
-2 processes = 1 process on the same global batch, and the zero-shot / retrieval metrics on known embeddings."""
+"""clip: the family contract, the InfoNCE loss against a hand computation, the temperature cap, unit-norm embeddings
+(the text embedding pooled from the tower's states), 2 processes = 1 process on the same global batch, and the
+zero-shot / retrieval metrics on known embeddings."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 
 from genforge.app.config import load_config
 from genforge.app.runs import build_task, load_codec, load_run, make_trainer
-from genforge.core.codec import codec_kind
+from genforge.core.codec import TextTowerEmbedder, codec_kind
 from genforge.eval.embedding_metrics import retrieval_recall, zero_shot_accuracy
 from genforge.eval.run import evaluate_task
 from genforge.families.clip.task import contrastive_loss
@@ -53,6 +54,12 @@ def test_embeddings_are_unit_norm_and_the_logit_scale_is_capped():
     assert torch.allclose(model.embed_images(images).norm(dim=-1), torch.ones(4), atol=1e-5)
     assert torch.allclose(model.embed_images(F.interpolate(images, size=24)).norm(dim=-1), torch.ones(4), atol=1e-5)
     assert torch.allclose(model.embed_texts(["a red circle", "x"]).norm(dim=-1), torch.ones(2), atol=1e-5)
+    # its text embedding is a function of the tower's states (what a cache stores per caption): the same pooling
+    assert isinstance(model, TextTowerEmbedder) and model.text_tower() is model.text_encoder
+    states, mask = model.text_tower().encode(["a red circle", "x"])
+    padded = torch.cat([states, torch.randn(2, 3, states.shape[2])], 1), F.pad(mask, (0, 3))  # pads never count
+    assert torch.equal(model.embed_encodings(states, mask), model.embed_texts(["a red circle", "x"]))
+    assert torch.allclose(model.embed_encodings(*padded), model.embed_texts(["a red circle", "x"]), atol=1e-6)
     assert model.logit_scale().item() == pytest.approx(1 / 0.07, rel=1e-5)  # CLIP's initial temperature
     with torch.no_grad():
         model.log_logit_scale.fill_(10.0)

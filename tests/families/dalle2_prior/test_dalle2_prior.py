@@ -4,6 +4,7 @@ known embeddings."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -25,25 +26,37 @@ from genforge.app.encode import encode_dataset
 from genforge.app.runs import build_task, load_codec, load_run, make_trainer
 from genforge.cli import app
 from genforge.core.codec import TextEncodingEmbedder, TextToImageEmbedding
+from genforge.core.errors import ConfigError
 from genforge.core.random import BatchRandom
+from genforge.data.base import collate
+from genforge.data.cache import MANIFEST, CacheDataset, read_manifest
+from genforge.data.text_embeds import TextEmbeds
 from genforge.eval.embedding_metrics import prior_similarities, unrelated_rows
 from genforge.families.dalle2_prior.model import PriorNetwork
-from genforge.families.dalle2_prior.task import rerank
+from genforge.families.dalle2_prior.task import Dalle2PriorTask, rerank
+from genforge.text.tiny import TinyTextEncoder
 
 runner = CliRunner()
 CLIP_RUN = Path(tempfile.gettempdir()) / f"genforge-test-prior-clip-{os.getpid()}"
+CACHE = CLIP_RUN.with_name(f"{CLIP_RUN.name}-cache")  # `genforge encode CLIP_RUN` of 32 shapes, + flipped
 ON_CLIP = (f"model.embedder.path={CLIP_RUN}",)
+ON_CACHE = (*ON_CLIP, "data.source=cache", f"data.path={CACHE}")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def clip_run():
-    """A clip-debug run trained 3 steps: the frozen CLIP of the prior tests."""
+    """A clip-debug run trained 3 steps: the frozen CLIP of the prior tests; and its cache of 32 captioned shapes."""
     if not (CLIP_RUN / "checkpoints" / "latest").is_file():
         cfg = load_config("clip-debug", ["train.steps=3", "train.checkpoint_every=3", "train.sample_every=0",
                                          "eval.every=0"])
         make_trainer(cfg, CLIP_RUN).fit()
+    if not (CACHE / MANIFEST).is_file():
+        codec, info = load_codec(CLIP_RUN)
+        data = load_config("dalle2-prior-debug", [*ON_CLIP, "data.shapes.n=32"]).data
+        encode_dataset(codec, info, data, CACHE, flip=True)
     yield CLIP_RUN
     shutil.rmtree(CLIP_RUN, ignore_errors=True)
+    shutil.rmtree(CACHE, ignore_errors=True)
 
 
 class TestContract(FamilyContract):
@@ -148,16 +161,103 @@ def test_a_trained_prior_opens_and_evaluates(tmp_path):
 
 
 
-def test_it_trains_on_a_cache_of_the_clip_runs_embeddings(tmp_path):
-    """`genforge encode CLIP_RUN` once: the prior reads the stored image embeddings (checked against the run)."""
-    codec, info = load_codec(CLIP_RUN)
-    cfg = load_config("dalle2-prior-debug", [*ON_CLIP, "data.shapes.n=32"])
-    encode_dataset(codec, info, cfg.data, tmp_path / "cache", flip=True)
-    on_cache = load_config("dalle2-prior-debug", [*ON_CLIP, "data.source=cache", f"data.path={tmp_path / 'cache'}",
-                                                  "train.steps=2", "train.checkpoint_every=2", "train.sample_every=0",
-                                                  "eval.every=0"])
-    make_trainer(on_cache, tmp_path / "prior").fit()
-    assert (tmp_path / "prior" / "checkpoints" / "step-000002").is_dir()
+def test_encoding_the_clip_run_stores_its_text_towers_states_once_per_caption(tmp_path):
+    """`genforge encode CLIP_RUN`: the image embeddings and, through the text_embeds mechanism, the run's own text
+    tower's states of each distinct caption (flipped ones too), equal to the tower's to float16; uncaptioned images
+    get their embeddings only."""
+    manifest, (codec, info) = read_manifest(CACHE), load_codec(CLIP_RUN)
+    entry = manifest.text_encoder
+    assert manifest.kind == "image_embed" and entry["kind"] == "tiny" and entry["path"] == str(CLIP_RUN.resolve())
+    assert entry["fingerprint"] == codec.text_tower().fingerprint() and entry["dim"] == codec.text_width
+    cache = CacheDataset(CACHE, flip=True)
+    distinct = list(dict.fromkeys(c for pair in zip(cache.texts, cache.texts_flip) for c in pair))
+    stored = TextEmbeds(CACHE, entry)
+    assert list(stored.index) == distinct and entry["count"] == len(distinct)
+    states, mask = codec.encode_texts(distinct)  # [U, L, W_t], padded to the longest, as stored
+    assert torch.equal(stored.mask, mask)
+    torch.testing.assert_close(stored.embeds.float(), states, atol=2e-3, rtol=1e-3)
+    assert runner.invoke(app, ["data", "shapes", "--out", str(tmp_path / "images"), "--n", "4"]).exit_code == 0
+    for caption in (tmp_path / "images").rglob("*.txt"):
+        caption.unlink()
+    folder = load_config("clip-debug", ["data.source=folder", f"data.path={tmp_path / 'images'}"]).data
+    assert encode_dataset(codec, info, folder, tmp_path / "cache", flip=False).text_encoder is None
+
+
+def test_cached_states_give_the_live_conditions_and_loss_without_the_text_tower(monkeypatch):
+    """The prior on the cache pools the stored states as the CLIP does (`embed_encodings`): the conditions and the
+    loss of a cached batch are those of the same batch with the tower run, to float16 rounding."""
+    task = build_task(load_config("dalle2-prior-debug", list(ON_CACHE)))
+    assert task.use_cached_text
+    cache = CacheDataset(CACHE)
+    batch = collate([cache[i] for i in range(8)])
+    live = {k: v for k, v in batch.items() if k not in ("text_embed", "text_mask")}
+    torch.manual_seed(0)
+    live_loss, _ = task.loss({**live, "rng": BatchRandom(0, 0, 0, 8, 0, 8)}, "main", 0)
+    expected = task.text_conditions(live["text"], torch.device("cpu"))
+
+    def never(*args, **kwargs):
+        raise AssertionError("the text tower ran")
+
+    monkeypatch.setattr(task.embedder.text_encoder, "encode", never)
+    torch.manual_seed(0)
+    cached_loss, _ = task.loss({**batch, "rng": BatchRandom(0, 0, 0, 8, 0, 8)}, "main", 0)
+    assert abs(cached_loss.item() - live_loss.item()) <= 1e-3 * abs(live_loss.item())
+    found = task.encoding_conditions(batch["text_embed"], batch["text_mask"])
+    torch.testing.assert_close(found["text_embed"], expected["text_embed"], atol=1e-3, rtol=1e-3)
+    n = expected["text_tokens"].shape[1]  # the batch's longest caption; the cache pads to its longest
+    torch.testing.assert_close(found["text_tokens"][:, :n], expected["text_tokens"], atol=2e-3, rtol=1e-3)
+    assert torch.equal(found["text_mask"][:, :n], expected["text_mask"]) and not found["text_mask"][:, n:].any()
+
+
+def test_the_prior_trains_from_the_cache_through_the_cli_without_the_text_tower(tmp_path, monkeypatch):
+    """`genforge train dalle2-prior-debug --set data.source=cache ...`: no training step runs the text tower (the
+    previews of prompts do), and a stopped run resumes to the weights of one run straight."""
+    calls, in_loss, loss, encode = [], [False], Dalle2PriorTask.loss, TinyTextEncoder.encode
+
+    def spied_loss(self, *args):
+        in_loss[0] = True
+        try:
+            return loss(self, *args)
+        finally:
+            in_loss[0] = False
+
+    monkeypatch.setattr(Dalle2PriorTask, "loss", spied_loss)
+    monkeypatch.setattr(TinyTextEncoder, "encode", lambda self, texts: calls.append(in_loss[0]) or encode(self, texts))
+    overrides = [*ON_CACHE, "data.flip=true", "train.steps=4", "train.checkpoint_every=2", "train.log_every=1",
+                 "train.sample_every=0", "eval.every=0"]
+    args = ["train", "dalle2-prior-debug", *[a for o in overrides for a in ("--set", o)]]
+    assert runner.invoke(app, [*args, "--dry-run"]).exit_code == 0
+    make_trainer(load_config("dalle2-prior-debug", overrides), tmp_path / "resumed").fit(stop_at=2)
+    for run in ("straight", "resumed"):
+        result = runner.invoke(app, [*args, "--run-dir", str(tmp_path / run)])
+        assert result.exit_code == 0, result.output
+    assert calls and not any(calls)  # the final previews encoded their prompts; no loss did
+    straight, resumed = (load_file(str(tmp_path / run / "checkpoints" / "step-000004" / "model.safetensors"))
+                         for run in ("straight", "resumed"))
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+    losses = [[json.loads(line)["loss"] for line in open(tmp_path / run / "metrics.jsonl")]
+              for run in ("straight", "resumed")]
+    assert losses[0] == losses[1] and len(losses[0]) == 4
+
+
+def test_a_cache_of_another_text_encoders_embeddings_is_refused(tmp_path):
+    """`genforge encode CLIP_RUN --text-encoder minilm` stores MiniLM's embeddings instead of the tower's: the prior
+    refuses them (exit 2, --dry-run too) and says what to do; `--text-encoder none` stores none."""
+    for name, extra in [("minilm", ["--text-encoder", "minilm"]), ("none", ["--text-encoder", "none"])]:
+        result = runner.invoke(app, ["encode", str(CLIP_RUN), "--out", str(tmp_path / name), "--set",
+                                     "data.shapes.n=8", *extra])
+        assert result.exit_code == 0, result.output
+    assert read_manifest(tmp_path / "minilm").text_encoder["kind"] == "minilm"
+    assert read_manifest(tmp_path / "none").text_encoder is None
+    args = ["train", "dalle2-prior-debug", "--set", f"model.embedder.path={CLIP_RUN}", "--set", "data.source=cache",
+            "--set", f"data.path={tmp_path / 'minilm'}", "--set", "train.steps=1", "--run-dir", str(tmp_path / "p")]
+    for extra in (["--dry-run"], []):
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == 2, result.output
+        assert "written by another text encoder" in result.stderr and "without --text-encoder" in result.stderr
+    with pytest.raises(ConfigError, match="needs model.embedder.source=clip_run"):
+        load_config("dalle2-prior-debug", ["model.embedder.source=clip_pretrained", "model.embedder.path=x",
+                                           "data.source=cache", f"data.path={CACHE}"])
 
 
 def test_text_to_image_through_the_prior_and_the_decoder(tmp_path):
