@@ -302,7 +302,7 @@ def _sample(ctx: typer.Context, run_dir: Path, n: int | None, out: Path | None, 
     try:
         default = run_dir / "samples" / f"sample-step{run.step:06d}-seed{seed}"
         path = write_samples(run.task, cond, images, out or default)
-    except ConfigError as err:  # an --out suffix no writer has, or one that cannot show these outputs
+    except ValueError as err:  # an --out suffix no writer has, outputs it cannot show, a preview without its data
         _fail(str(err))
     except OSError as err:
         _fail(f"--out {out or default}: cannot write it ({err.strerror or err})")

@@ -195,9 +195,17 @@ class Dalle2PriorTask(Task):
     def retrieval_bank(self, device: torch.device) -> tuple[Tensor, Tensor]:
         """Held-out images [m, C, S, S] and their CLIP embeddings [m, D], made once."""
         if self._bank is None:
-            if self.heldout is None:
-                raise ValueError("no held-out images to show the predicted embeddings by")
-            images = self.heldout.samples(RETRIEVAL_BANK, spread=True)["image"].to(device)
+            images, why = None, "the data has no held-out split"
+            try:
+                if self.heldout is not None:
+                    images, why = self.heldout.samples(RETRIEVAL_BANK, spread=True).get("image"), "no images in it"
+            except ValueError as err:  # e.g. the cache the prior trained on is gone
+                why = str(err)
+            if images is None:
+                raise ValueError(f"a prior's grid shows the held-out image nearest each predicted embedding, and there "
+                                 f"are no held-out images to show ({why}); the embeddings themselves: "
+                                 "load_run(RUN).sample(..., output='tensor'), or a decoder with --prior")
+            images = images.to(device)
             self._bank = (images, self.image_embeds(images))
         images, embeds = self._bank
         return images.to(device), embeds.to(device)

@@ -240,6 +240,22 @@ def test_the_prior_trains_from_the_cache_through_the_cli_without_the_text_tower(
     assert losses[0] == losses[1] and len(losses[0]) == 4
 
 
+def test_sampling_a_prior_whose_cache_is_gone_exits_2_saying_why(tmp_path):
+    """The grid of a prior shows held-out images nearest its embeddings; with the cache it trained on deleted there
+    are none: exit 2 with the reason and where the embeddings are, never a traceback."""
+    cache = tmp_path / "cache"
+    shutil.copytree(CACHE, cache)
+    overrides = [*ON_CLIP, "data.source=cache", f"data.path={cache}", "train.steps=1", "train.sample_every=0",
+                 "eval.every=0"]
+    result = runner.invoke(app, ["train", "dalle2-prior-debug", "--run-dir", str(tmp_path / "run"),
+                                 *[a for o in overrides for a in ("--set", o)]])
+    assert result.exit_code == 0, result.output
+    shutil.rmtree(cache)
+    result = runner.invoke(app, ["sample", str(tmp_path / "run"), "--prompt", "a red circle", "--n", "2"])
+    assert result.exit_code == 2, result.output
+    assert "no held-out images to show" in result.output and "output='tensor'" in result.output
+
+
 def test_a_cache_of_another_text_encoders_embeddings_is_refused(tmp_path):
     """`genforge encode CLIP_RUN --text-encoder minilm` stores MiniLM's embeddings instead of the tower's: the prior
     refuses them (exit 2, --dry-run too) and says what to do; `--text-encoder none` stores none."""
