@@ -24,10 +24,11 @@ from pathlib import Path
 
 import torch
 
+from common import doc_parser, train_one_step
 from genforge.app.config import RunConfig, load_config
-from genforge.data.cache import encode_dataset, manifest_summary
-from genforge.app.runs import load_codec
-from genforge.app.runs import make_trainer
+from genforge.app.encode import encode_dataset
+from genforge.data.cache import manifest_summary
+from genforge.app.runs import load_codec, make_trainer
 
 # DiT-S/2 as in the paper; --set overrides come after these
 DEFAULT_DIT = ["model.size=S/2", "model.depth=null", "model.hidden_size=null", "model.num_heads=null",
@@ -51,18 +52,8 @@ def dit_config(args: argparse.Namespace, tokenizer: Path, data: dict, steps: int
     return RunConfig.model_validate({**cfg.model_dump(), "data": data})
 
 
-def train_tokenizer(preset: str, overrides: list[str], run_dir: Path) -> Path:
-    """A tokenizer run of `preset`, trained for one step (enough to time its encoder)."""
-    cfg = load_config(preset, [*overrides, "train.steps=1", "train.sample_every=0", "train.checkpoint_every=0",
-                               "eval.every=0", "log.progress=false", "log.tensorboard=false"])
-    make_trainer(cfg, run_dir).fit()
-    return run_dir
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = doc_parser(__doc__)
     parser.add_argument("tokenizer", nargs="?", type=Path, help="run directory of a trained KL-VAE (klvae)")
     parser.add_argument("--tokenizer-preset", help="instead: train this tokenizer preset for one step first")
     parser.add_argument("--tokenizer-set", action="append", default=[], metavar="KEY=VALUE",
@@ -82,7 +73,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="cache-vs-encode-") as tmp:
         tmp = Path(tmp)
-        tokenizer = args.tokenizer or train_tokenizer(args.tokenizer_preset, args.tokenizer_set, tmp / "tokenizer")
+        tokenizer = args.tokenizer or train_one_step(args.tokenizer_preset, args.tokenizer_set, tmp / "tokenizer")
         codec, info = load_codec(tokenizer, device)
         sets = [f"data.shapes.n={args.n}"] + ([f"data.num_workers={args.workers}"] if args.workers is not None else [])
         data = load_config(str(tokenizer / "config.yaml"), sets).data

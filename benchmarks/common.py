@@ -13,6 +13,7 @@ package with the AdamW and per-parameter EMA loop of its `train.py`, on random 4
 
 from __future__ import annotations
 
+import argparse
 import copy
 import functools
 import gc
@@ -40,6 +41,22 @@ from genforge.core.task import Task
 from genforge.data.base import collate
 from genforge.data.loader import build_dataset, data_info
 from genforge.engine.trainer import StepLogs, Trainer
+
+def doc_parser(doc: str) -> argparse.ArgumentParser:
+    """An argument parser whose description is a script docstring's first paragraph and whose epilog the rest."""
+    head, *rest = doc.split("\n\n")
+    return argparse.ArgumentParser(description=head, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   epilog="\n\n".join(rest))
+
+
+def train_one_step(preset: str, overrides: list[str], run_dir: Path) -> Path:
+    """A run of `preset` (+ `overrides`) trained for one step, quietly: an input run (a tokenizer, a CLIP) whose
+    networks a benchmark times, not what they learned."""
+    cfg = load_config(preset, [*overrides, "train.steps=1", "train.sample_every=0", "train.checkpoint_every=0",
+                               "eval.every=0", "log.progress=false", "log.tensorboard=false"])
+    make_trainer(cfg, run_dir).fit()
+    return run_dir
+
 
 # The paper's DiT diffusion (ε-prediction, linear schedule, learned sigma with the hybrid loss) and 1000 classes, at
 # 32x32 inputs with patch 2 (256 tokens, as 256-px images through the SD VAE give), whatever dit-shapes sets itself.

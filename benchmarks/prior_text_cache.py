@@ -16,30 +16,19 @@ Timing does not depend on how well the CLIP is trained, so `--clip-preset` train
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 import torch
 
-from common import ModelSpec, bench_trainer, time_trainer
+from common import ModelSpec, bench_trainer, doc_parser, time_trainer, train_one_step
 from genforge.app.config import load_config
 from genforge.app.encode import encode_dataset
-from genforge.app.runs import load_codec, make_trainer
-
-
-def train_clip(preset: str, run_dir: Path) -> Path:
-    """A clip run of `preset`, trained for one step (enough to time its towers)."""
-    cfg = load_config(preset, ["train.steps=1", "train.sample_every=0", "train.checkpoint_every=0", "eval.every=0",
-                               "log.progress=false", "log.tensorboard=false"])
-    make_trainer(cfg, run_dir).fit()
-    return run_dir
+from genforge.app.runs import load_codec
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = doc_parser(__doc__)
     parser.add_argument("clip", nargs="?", type=Path, help="run directory of a trained clip model")
     parser.add_argument("--clip-preset", help="instead: train this clip preset for one step first")
     parser.add_argument("--prior", default="dalle2-prior-shapes", help="prior preset (default: %(default)s)")
@@ -52,7 +41,7 @@ def main() -> None:
         parser.error("give a clip run directory or --clip-preset, not both")
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="genforge-prior-bench-") as tmp:
-        clip = args.clip.resolve() if args.clip else train_clip(args.clip_preset, Path(tmp) / "clip")
+        clip = args.clip.resolve() if args.clip else train_one_step(args.clip_preset, [], Path(tmp) / "clip")
         codec, info = load_codec(clip)
         on_clip = [f"model.embedder.path={clip}", f"data.shapes.n={args.n}"]
         cfg = load_config(args.prior, on_clip)
