@@ -102,12 +102,25 @@ class ShapesConfig(StrictModel):
 
 class VideoConfig(StrictModel):
     """How clips are cut from videos (`data.source: video_folder | moving_shapes`): `num_frames` frames,
-    every `frame_stride`-th frame of the source or resampled to `fps`, from a random start (a temporal crop)."""
+    every `frame_stride`-th frame of the source or resampled to `fps`, from a random start (a temporal crop); with
+    `min_frames`, shorter videos give padded clips with a frame mask instead of being skipped."""
 
     num_frames: int = Field(17, ge=1, le=1024, description="frames per clip (Phenaki: 17 = 1 + 16)")
     frame_stride: int = Field(1, ge=1, description="take every n-th source frame (when fps is not set)")
     fps: float | None = Field(None, gt=0.0, description="resample each clip to this frame rate instead of a stride")
     random_start: bool = Field(True, description="a random temporal crop; false: every clip starts at frame 0")
+    min_frames: int | None = Field(None, ge=1, description="video files: a clip shorter than num_frames but of at "
+                                                           "least this many frames is padded to num_frames (its "
+                                                           "last frame repeated), and every clip carries frame_mask "
+                                                           "(True = a real frame), which the video families' losses "
+                                                           "honour; unset: shorter clips are skipped (skipped.jsonl)")
+
+    @model_validator(mode="after")
+    def _min_frames_fit(self) -> "VideoConfig":
+        if self.min_frames is not None and self.min_frames > self.num_frames:
+            raise ValueError(f"data.video.min_frames={self.min_frames} must be at most data.video.num_frames="
+                             f"{self.num_frames}")
+        return self
 
 
 class JointImagesConfig(StrictModel):

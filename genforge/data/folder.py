@@ -95,26 +95,27 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
-    def load(self, path: Path, aug_seed: int | None) -> torch.Tensor:
-        """The file decoded, resized, cropped and (by `aug_seed`'s coin) flipped: [3, H, W] in [-1, 1]."""
+    def load(self, path: Path, aug_seed: int | None) -> dict[str, torch.Tensor]:
+        """The sample fields of the file: {`field`: the file decoded, resized, cropped and (by `aug_seed`'s coin)
+        flipped, [3, H, W] in [-1, 1]} (a subclass may add fields: a clip's frame mask)."""
         image = np.asarray(center_crop_resize(load_rgb(path, self.max_image_pixels), self.image_size))
         if self.flip and flip_drawn(aug_seed):
             image = image[:, ::-1]
-        return to_tensor(image)
+        return {self.field: to_tensor(image)}
 
     def __getitem__(self, item: int | tuple[int, int]) -> dict:
         index, aug_seed = item if isinstance(item, tuple) else (item, None)
         rel = self.files[index]
         path = self.root / rel
         try:
-            decoded = self.load(path, aug_seed)
+            fields = self.load(path, aug_seed)
             caption_path = path.with_suffix(".txt")
             # a caption that is not UTF-8 keeps its image: undecodable bytes become U+FFFD
             caption = caption_path.read_bytes().decode("utf-8", errors="replace").strip() \
                 if caption_path.is_file() else None
         except Exception as err:  # any decoder or caption error: skip and report, never kill the worker
             return {"key": rel, "bad": f"{type(err).__name__}: {err}"}
-        sample = {self.field: decoded, "key": rel}
+        sample = {**fields, "key": rel}
         if self.labels is not None:
             sample["label"] = self.labels[index]
         if caption is not None:

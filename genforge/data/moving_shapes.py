@@ -70,18 +70,19 @@ def moving_shapes_key(seed: int, index: int) -> str:
 
 
 class MovingShapesDataset(Dataset):
-    """Index i -> clip i of the set `seed` as `video` [3, T, H, W] in [-1, 1] with `label`, `direction`, `text`."""
+    """Index i -> clip i of the set `seed` as `video` [3, T, H, W] in [-1, 1] with `label`, `direction`, `text` (and,
+    with `frame_mask`, an all-True `frame_mask` [T]: every rendered clip is whole, data.video.min_frames)."""
 
     num_classes = NUM_CLASSES
     mirror_text = staticmethod(mirror_direction_caption)
 
     def __init__(self, n: int, image_size: int, num_frames: int, seed: int = 0, textured_fraction: float = 0.5,
-                 flip: bool = False) -> None:
+                 flip: bool = False, frame_mask: bool = False) -> None:
         if n < 0 or image_size < MIN_SIZE or num_frames < 1:
             raise ValueError(f"MovingShapesDataset needs n >= 0, image_size >= {MIN_SIZE} and num_frames >= 1, got "
                              f"n={n}, image_size={image_size}, num_frames={num_frames}")
         self.n, self.image_size, self.num_frames, self.seed = n, image_size, num_frames, seed
-        self.textured_fraction, self.flip = textured_fraction, flip
+        self.textured_fraction, self.flip, self.frame_mask = textured_fraction, flip, frame_mask
 
     def __len__(self) -> int:
         return self.n
@@ -96,8 +97,11 @@ class MovingShapesDataset(Dataset):
             frames, direction, caption = frames[:, :, ::-1], MIRRORED_DIRECTION[direction], \
                 mirror_direction_caption(caption)
         video = to_tensor(frames).movedim(0, 1)  # [T, 3, H, W] -> [3, T, H, W]
-        return {"video": video, "label": label, "direction": direction, "text": caption,
-                "key": moving_shapes_key(self.seed, index)}
+        sample = {"video": video, "label": label, "direction": direction, "text": caption,
+                  "key": moving_shapes_key(self.seed, index)}
+        if self.frame_mask:
+            sample["frame_mask"] = torch.ones(self.num_frames, dtype=torch.bool)
+        return sample
 
 
 def render_clips(n: int, image_size: int, num_frames: int, seed: int = 0, textured_fraction: float = 0.5,
@@ -156,7 +160,8 @@ class MovingShapesSource(DataSource):
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> MovingShapesDataset:
         seed = cfg.shapes.seed + (HELDOUT_SEED_OFFSET if split == "val" else 0)
         return MovingShapesDataset(cfg.shapes.n, cfg.image_size, cfg.video.num_frames, seed=seed,
-                                   textured_fraction=cfg.shapes.textured_fraction, flip=flip)
+                                   textured_fraction=cfg.shapes.textured_fraction, flip=flip,
+                                   frame_mask=cfg.video.min_frames is not None)
 
     def info(self, dataset: Dataset, cfg: DataConfig) -> DataInfo:
         return DataInfo(num_classes=NUM_CLASSES, channels=3, image_size=cfg.image_size, kind="video")

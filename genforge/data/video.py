@@ -5,6 +5,11 @@ A clip is `num_frames` frames [C, T, H, W] in [-1, 1], RGB (PyAV converts to rgb
 seeks to the keyframe before the clip and decodes forward until the clip is complete, so a clip from a long file
 never decodes the whole file. A video too short for the clip, or that ends before its header says (truncated),
 is an unreadable sample: skipped and listed in `skipped.jsonl` like an unreadable image.
+
+Variable-length clips (`data.video.min_frames`, phenaki-pytorch's `video_frame_mask`): a video too short for the
+clip but long enough for `min_frames` of its frames gives those frames from its start, padded to `num_frames` by
+repeating the last one, and every clip sample then carries `frame_mask` bool [T] (True = a real frame; all True for
+a full clip, so batches stack). The video families keep the padded frames out of their losses.
 """
 
 from __future__ import annotations
@@ -46,15 +51,25 @@ class DecodedClip:
     decoded: int
 
 
+def short_clip(real: int, spec: VideoConfig, why: str) -> int:
+    """The `real` frames a video too short for a whole clip still gives (from its start), when `spec.min_frames`
+    allows that many; VideoTooShort (`why`) otherwise."""
+    if spec.min_frames is None:
+        raise VideoTooShort(why)
+    if real < spec.min_frames:
+        raise VideoTooShort(f"{why}, and only {real} of them, fewer than data.video.min_frames={spec.min_frames}")
+    return real
+
+
 def clip_frame_indices(total: int, spec: VideoConfig, u: float | None) -> np.ndarray:
     """Source frame indices [T] of a `frame_stride` clip from a video of `total` frames, starting at a uniform
-    position `u` in [0, 1) of the valid starts (None, or random_start false: frame 0). VideoTooShort when it does not
-    fit."""
+    position `u` in [0, 1) of the valid starts (None, or random_start false: frame 0). When it does not fit: with
+    `min_frames`, the indices that fit from frame 0 (fewer than T: `short_clip`), else VideoTooShort."""
     offsets = np.arange(spec.num_frames) * spec.frame_stride  # [T], from the clip's start
     span = int(offsets[-1]) + 1
     if span > total:
-        raise VideoTooShort(f"{total} frames, fewer than the {span} a clip of {spec.num_frames} frames with stride "
-                            f"{spec.frame_stride} spans")
+        return offsets[: short_clip(int((offsets < total).sum()), spec, f"{total} frames, fewer than the {span} a "
+                                    f"clip of {spec.num_frames} frames with stride {spec.frame_stride} spans")]
     start = int(u * (total - span + 1)) if (u is not None and spec.random_start) else 0
     return start + offsets
 
@@ -62,13 +77,15 @@ def clip_frame_indices(total: int, spec: VideoConfig, u: float | None) -> np.nda
 def clip_times(duration: float, spec: VideoConfig, u: float | None) -> np.ndarray:
     """Times [T] in seconds of a clip resampled to `spec.fps` from a video lasting `duration` s (the frame shown at
     each time is taken: repeated when upsampling, skipped when downsampling), starting at a uniform position `u` of
-    the valid starts. VideoTooShort when it does not fit."""
+    the valid starts. When it does not fit: with `min_frames`, the times inside the video from 0 (fewer than T:
+    `short_clip`), else VideoTooShort."""
     length = (spec.num_frames - 1) / spec.fps
+    times = np.arange(spec.num_frames) / spec.fps  # [T], from the clip's start
     if length >= duration:
-        raise VideoTooShort(f"{duration:.3g} s, not longer than the {length:.3g} s a clip of {spec.num_frames} frames "
-                            f"at {spec.fps:g} fps spans")
+        return times[: short_clip(int((times < duration).sum()), spec, f"{duration:.3g} s, not longer than the "
+                                  f"{length:.3g} s a clip of {spec.num_frames} frames at {spec.fps:g} fps spans")]
     start = u * (duration - length) if (u is not None and spec.random_start) else 0.0
-    return start + np.arange(spec.num_frames) / spec.fps
+    return start + times
 
 
 def _header_length(container: av.container.InputContainer, stream: av.video.stream.VideoStream,
@@ -90,8 +107,9 @@ def read_clip(source: str | Path | BinaryIO, spec: VideoConfig, u: float | None 
     indices (or times, with `fps`) the last frame at or before it, stop when the clip is complete.
 
     GIFs are read from the start and counted in decode order (their frames may last different times); other files
-    place a decoded frame by its timestamp. VideoTooShort when the video is shorter than the clip or ends before its
-    header says (truncated); PyAV errors pass through."""
+    place a decoded frame by its timestamp. VideoTooShort when the video is shorter than the clip (with
+    `min_frames`: than that many frames; a shorter clip's frames are fewer than T) or ends before its header says
+    (truncated); PyAV errors pass through."""
     with av.open(source if not isinstance(source, Path) else str(source)) as container:
         if not container.streams.video:
             raise ValueError("no video stream")
@@ -177,6 +195,24 @@ def start_position(aug_seed: int | None) -> float | None:
     return None if aug_seed is None else float(np.random.default_rng([aug_seed, 1]).random())
 
 
+def padded_clip(video: torch.Tensor, spec: VideoConfig) -> dict[str, torch.Tensor]:
+    """A clip [C, T', H, W] as sample fields: `video`, and with `spec.min_frames` set, `video` padded to
+    `spec.num_frames` frames by repeating its last frame and `frame_mask` bool [num_frames] (True = a real frame)."""
+    if spec.min_frames is None:
+        return {"video": video}
+    real = video.shape[1]
+    padding = video[:, -1:].expand(-1, spec.num_frames - real, -1, -1)  # [C, T - T', H, W]
+    return {"video": torch.cat([video, padding], dim=1), "frame_mask": torch.arange(spec.num_frames) < real}
+
+
+def clip_sample(source: str | Path | BinaryIO, spec: VideoConfig, image_size: int, flip: bool,
+                aug_seed: int | None) -> dict[str, torch.Tensor]:
+    """The sample fields of a video file (`video` [3, T, S, S] in [-1, 1], `frame_mask` with min_frames): its clip
+    of `spec`, its start and flip drawn from `aug_seed` (`flip`: flips allowed), resized, cropped and padded."""
+    clip = read_clip(source, spec, start_position(aug_seed))
+    return padded_clip(resize_crop_frames(clip.frames, image_size, flip and flip_drawn(aug_seed)), spec)
+
+
 # ------------------------------------------------------------------------------------------------ writing
 def video_frames(video: torch.Tensor) -> np.ndarray:
     """A clip [C, T, H, W] in [-1, 1] -> uint8 frames [T, H, W, 3]."""
@@ -219,9 +255,10 @@ def video_bytes(frames: np.ndarray, fmt: str = "mp4", fps: float = 8.0) -> bytes
 
 # ------------------------------------------------------------------------------------------------ video folders
 class VideoFolderDataset(ImageFolderDataset):
-    """Videos under `root` (mp4 / webm / mov / mkv / avi / gif, any depth) as clips `video` [3, T, H, W]: labels from
-    the first-level sub-folders and captions from a sidecar `<stem>.txt`, as for images (ImageFolderDataset); each
-    epoch draws each video's temporal crop and flip from the sampler's per-sample seed."""
+    """Videos under `root` (mp4 / webm / mov / mkv / avi / gif, any depth) as clips `video` [3, T, H, W] (with
+    `frame_mask` [T] under data.video.min_frames): labels from the first-level sub-folders and captions from a
+    sidecar `<stem>.txt`, as for images (ImageFolderDataset); each epoch draws each video's temporal crop and flip
+    from the sampler's per-sample seed."""
 
     extensions = VIDEO_EXTENSIONS
     field = "video"
@@ -230,9 +267,8 @@ class VideoFolderDataset(ImageFolderDataset):
         super().__init__(root, image_size, **kwargs)
         self.spec = spec
 
-    def load(self, path: Path, aug_seed: int | None) -> torch.Tensor:
-        clip = read_clip(path, self.spec, start_position(aug_seed))
-        return resize_crop_frames(clip.frames, self.image_size, self.flip and flip_drawn(aug_seed))
+    def load(self, path: Path, aug_seed: int | None) -> dict[str, torch.Tensor]:
+        return clip_sample(path, self.spec, self.image_size, self.flip, aug_seed)
 
 
 class VideoFolderSource(FolderSource):
@@ -265,8 +301,9 @@ VIDEO_FIELDS = tuple(ext.lstrip(".") for ext in VIDEO_EXTENSIONS)  # the first o
 
 def decode_video_record(record: Record, key: str, image_size: int, spec: VideoConfig, flip: bool,
                         aug_seed: int | None) -> dict[str, Any]:
-    """A sample (`video` [3, T, S, S] in [-1, 1], `text`, `label`, `key`) of a shard record `<key>.mp4|.webm|...`,
-    clipped, cropped and flipped like a video folder's file, or {"key", "bad": reason} when it cannot be used."""
+    """A sample (`video` [3, T, S, S] in [-1, 1], `frame_mask` [T] with min_frames, `text`, `label`, `key`) of a
+    shard record `<key>.mp4|.webm|...`, clipped, cropped and flipped like a video folder's file, or {"key", "bad":
+    reason} when it cannot be used."""
     sample: dict[str, Any] = {"key": key}
     try:
         meta = record_meta(record)
@@ -274,8 +311,7 @@ def decode_video_record(record: Record, key: str, image_size: int, spec: VideoCo
         if field is None:
             fields = ", ".join(f".{f}" for f in sorted(record) if not f.startswith("__")) or "none"
             raise ValueError(f"no video (.{', .'.join(VIDEO_FIELDS)}); fields: {fields}")
-        clip = read_clip(io.BytesIO(record[field]), spec, start_position(aug_seed))
-        sample["video"] = resize_crop_frames(clip.frames, image_size, flip and flip_drawn(aug_seed))
+        sample.update(clip_sample(io.BytesIO(record[field]), spec, image_size, flip, aug_seed))
         add_text_and_label(record, meta, sample)
     except Exception as err:  # any decoder error: skip and report, never kill the worker
         return {"key": key, "bad": f"{type(err).__name__}: {err}"}

@@ -20,8 +20,8 @@ from genforge.data.loader import (ReplaceUnreadable, build_dataset, build_train_
 from genforge.data.moving_shapes import (DIRECTIONS, MovingShapesDataset, render_moving_shapes,
                                          write_moving_shapes_folder, write_moving_shapes_shards)
 from genforge.data.previews import write_preview
-from genforge.data.video import (VideoFolderDataset, VideoTooShort, clip_frame_indices, clip_times, read_clip,
-                                 resize_crop_frames, write_video)
+from genforge.data.video import (VideoFolderDataset, VideoTooShort, clip_frame_indices, clip_times,
+                                 decode_video_record, read_clip, resize_crop_frames, video_bytes, write_video)
 
 
 def counting_video(n: int, size: int = 16) -> np.ndarray:
@@ -123,6 +123,36 @@ def test_truncated_and_too_short_videos_are_skipped_and_reported(tmp_path):
     batch = collate(samples)
     assert batch["video"].shape == (8, 3, 6, 8, 8) and batch["video"].abs().max() <= 1
     assert sum(s.get("text") == "a blue clip" for s in samples) >= 3
+
+
+def test_min_frames_pads_short_clips_and_masks_their_padding(tmp_path):
+    spec = VideoConfig(num_frames=6, frame_stride=2, min_frames=2)
+    assert clip_frame_indices(3, spec, 0.7).tolist() == [0, 2]  # what fits, from the start: no random crop
+    assert clip_times(0.5, VideoConfig(num_frames=3, fps=4, min_frames=2), 0.3).tolist() == [0.0, 0.25]
+    with pytest.raises(VideoTooShort, match="fewer than data.video.min_frames=3"):
+        clip_frame_indices(3, VideoConfig(num_frames=6, frame_stride=2, min_frames=3), 0.0)
+    with pytest.raises(ValueError, match="min_frames=7 must be at most data.video.num_frames=6"):
+        VideoConfig(num_frames=6, min_frames=7)
+    write_folder(tmp_path)  # the 3-frame short.mp4 spans frames 0 and 2 of a 6-frame clip with stride 2
+    served = ReplaceUnreadable(VideoFolderDataset(tmp_path, 8, spec, split="all"))
+    samples = [served[(i, 1234 + i)] for i in range(8)]
+    assert {key for s in samples for key, _ in s["skipped"]} == {"00_red/truncated.mp4"}  # truncated: still skipped
+    short = next(s for s in samples if s["key"] == "01_blue/short.mp4")
+    assert short["frame_mask"].tolist() == [True, True, False, False, False, False]
+    assert short["video"].shape == (3, 6, 8, 8)
+    levels = short["video"].mean(dim=(0, 2, 3))  # counting video: frame i is grey level 4·i
+    assert levels[1] > levels[0] + 0.04  # real frames 0 and 2, then frame 2 repeated
+    assert torch.equal(short["video"][:, 2:], short["video"][:, 1:2].expand(-1, 4, -1, -1))
+    assert all(s["frame_mask"].all() for s in samples if s is not short)  # full clips: all True, so batches stack
+    batch = collate(samples)
+    assert batch["video"].shape == (8, 3, 6, 8, 8) and batch["frame_mask"].shape == (8, 6)
+    clip = decode_video_record({"__key__": "short", "gif": video_bytes(counting_video(3, 8), "gif"), "txt": b"a clip"},
+                               "shard/short", 8, VideoConfig(num_frames=5, fps=8, min_frames=2), False, None)
+    assert clip["frame_mask"].tolist() == [True, True, True, False, False] and clip["text"] == "a clip"
+    strict = VideoFolderDataset(tmp_path, 8, VideoConfig(num_frames=6, frame_stride=2, min_frames=3), split="all")
+    assert "fewer than data.video.min_frames=3" in strict[strict.files.index("01_blue/short.mp4")]["bad"]
+    assert MovingShapesDataset(4, 16, 5, frame_mask=True)[0]["frame_mask"].tolist() == [True] * 5
+    assert "frame_mask" not in VideoFolderDataset(tmp_path, 8, VideoConfig(num_frames=4), split="all")[0]
 
 
 def test_video_folder_source_from_config(tmp_path):
