@@ -216,6 +216,8 @@ def _encode_part(codec: nn.Module, info: CodecInfo, data: DataConfig, dataset: D
                     record[kind.flip_key] = flipped[i]
                 if kind.with_image:
                     record["png"] = png_bytes(images[i])
+                if "frame_mask" in s:  # a padded clip's real frames (data.video.min_frames)
+                    record["frame_mask.npy"] = s["frame_mask"].numpy()
                 if "label" in s:
                     record["cls"] = int(s["label"])
                     result.top_label = max(result.top_label, int(s["label"]))

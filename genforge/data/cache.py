@@ -7,7 +7,8 @@ A cache is a folder of webdataset shards plus a manifest written last (see docs/
     shard-000000.tar      per sample: <n>.latent.npy (float16 [C, h, w]) or <n>.tokens.npy (int16/int32 [h, w]),
     shard-000001.tar      <n>.latent_flip.npy / tokens_flip.npy (the horizontally flipped image, optional),
     ...                   <n>.cls (label), <n>.txt (caption), <n>.txt_flip.txt (its mirror, when it differs),
-                          <n>.key.txt (the source sample's key); <n> = __key__, the position in the cache
+                          <n>.key.txt (the source sample's key); <n> = __key__, the position in the cache;
+                          <n>.frame_mask.npy (bool [T]: a clip's real frames, data.video.min_frames)
     text_embeds.*         with --text-encoder: a frozen text encoder's embeddings of the distinct captions
                           (genforge.data.text_embeds)
 
@@ -199,7 +200,8 @@ class CacheDataset(Dataset):
     Items are indices or the sampler's `(index, aug_seed)`; with `flip`, the per-sample coin that the image
     data sets toss (`flip_drawn`) picks the flipped variant, so a run on the cache sees the same flips as one
     encoding the images on the fly. Samples: `latent` float32 [C, h, w] (or `tokens` long [h·w]), `label`,
-    `text` (when captioned) and `key` (the source sample's key); a cache written with --text-encoder adds the
+    `text` (when captioned), `key` (the source sample's key) and the clip's `frame_mask` bool [T] (when its data
+    had data.video.min_frames; the same for the flipped variant); a cache written with --text-encoder adds the
     caption's `text_embed` float32 [L, D] and `text_mask` bool [L] (the flipped caption's, for a flipped
     sample), looked up among the distinct captions' embeddings, held once."""
 
@@ -208,7 +210,7 @@ class CacheDataset(Dataset):
         self.manifest = m = manifest or read_manifest(self.root)
         _check_flip(m, flip, self.root)
         self.flip, self.kind, self.num_classes = flip, CACHE_KINDS.get(m.kind), m.num_classes
-        codes, flipped, labels, texts, texts_flip, keys, images = [], [], [], [], [], [], []
+        codes, flipped, labels, texts, texts_flip, keys, images, masks = [], [], [], [], [], [], [], []
         for name in m.shards:
             shard = self.root / name
             if not shard.is_file():
@@ -226,6 +228,8 @@ class CacheDataset(Dataset):
                     texts.append(text)
                     texts_flip.append(record["txt_flip.txt"].decode() if "txt_flip.txt" in record else text)
                     keys.append(record["key.txt"].decode())
+                    if "frame_mask.npy" in record:
+                        masks.append(np.load(io.BytesIO(record["frame_mask.npy"]), allow_pickle=False))
             except Exception as err:  # a torn tar, a bad array, a missing field: name the shard
                 raise CacheError(f"{shard} is not a readable cache shard ({type(err).__name__}: {err})") from None
         if len(codes) != m.count:
@@ -236,6 +240,9 @@ class CacheDataset(Dataset):
         self.texts = texts if any(t is not None for t in texts) else None
         self.texts_flip, self.keys = texts_flip, keys
         self.images = torch.from_numpy(np.stack(images)) if images else None  # uint8 [N, H, W, 3]
+        if masks and len(masks) != len(codes):
+            raise CacheError(f"{self.root}: {len(masks)} of its {len(codes)} samples have a frame_mask")
+        self.frame_masks = torch.from_numpy(np.stack(masks)).bool() if masks else None  # [N, T]
         self.text_embeds = TextEmbeds(self.root, m.text_encoder) if m.text_encoder else None
         if self.text_embeds is not None:
             self.text_rows, self.text_rows_flip = self.text_embeds.rows(texts), self.text_embeds.rows(texts_flip)
@@ -249,6 +256,8 @@ class CacheDataset(Dataset):
         codes = (self.codes_flip if flipped else self.codes)[index]
         sample: dict[str, Any] = {"key": self.keys[index]}
         sample[self.kind.field] = self.kind.to_sample(codes)
+        if self.frame_masks is not None:
+            sample["frame_mask"] = self.frame_masks[index]
         if self.images is not None:
             image = to_tensor(self.images[index].numpy())  # [3, H, W] in [-1, 1]
             sample["image"] = image.flip(-1) if flipped else image
