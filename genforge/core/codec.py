@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from genforge.core.errors import ConfigError
@@ -57,6 +58,17 @@ class TokenCodec(Protocol):
     def encode(self, image: Tensor) -> Tensor: ...
 
     def decode(self, ids: Tensor) -> Tensor: ...
+
+
+def token_frame_mask(frame_mask: Tensor, temporal_downsample: int) -> Tensor:
+    """The token frames of a causal video codec (C-ViViT, Phenaki §2.1: the first frame on its own, then blocks of
+    `temporal_downsample` frames) that real frames alone feed: frame_mask bool [B, T] (True = a real frame, T =
+    1 + k·temporal_downsample) -> bool [B, 1 + k]. A token frame counts as real when all its frames and every
+    earlier one are (causal attention carries a padded frame into every later token frame), so a block mixing real
+    and padded frames is padding."""
+    first, rest = frame_mask[:, :1], frame_mask[:, 1:]
+    blocks = rest.unflatten(1, (-1, temporal_downsample)).all(-1)  # [B, k]: every frame of the block real
+    return torch.cat([first, blocks], dim=1).long().cumprod(dim=1).bool()  # and every earlier token frame
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ class Batch(TypedDict, total=False):
 
     image: Tensor  # float [B, C, H, W] in [-1, 1]
     video: Tensor  # float [B, C, T, H, W] in [-1, 1]
+    frame_mask: Tensor  # bool [B, T]: True = a real frame of `video`, False = padding (data.video.min_frames)
     label: Tensor  # long [B]
     text: list[str]
     text_embed: Tensor  # [B, L, D]
@@ -34,6 +35,7 @@ class Batch(TypedDict, total=False):
     latent: Tensor  # [B, C, h, w]
     tokens: Tensor  # long [B, N]
     key: list[str]  # sample ids, for skip reports and caches
+    global_batch: dict[str, Tensor]  # Task.global_fields of every sample of the optimizer step (`global_rows`)
 
 
 class HeldOut(Protocol):
@@ -58,6 +60,9 @@ class Task(nn.Module):
     # model.grad_checkpointing recomputes their activations in backward
     block_types: tuple[type[nn.Module], ...] = ()
     makes_samples: bool = True  # False: nothing to preview or sample (an embedding model such as clip)
+    # batch fields whose rows for the whole global batch the loss needs (a normaliser over every sample of the
+    # step, e.g. the real frames of padded clips): the trainer gathers them over accumulation steps and processes
+    global_fields: tuple[str, ...] = ()
     preview_online: bool = False  # True: training previews also get sample() of the online weights, cond["online"]
 
     def phase_names(self) -> tuple[str, ...]:
@@ -155,6 +160,21 @@ class Task(nn.Module):
     def forward(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Dispatches to `loss`, so that DDP/FSDP wrappers see a forward call."""
         return self.loss(batch, phase, step)
+
+
+def global_rows(batch: Batch, field: str) -> Tensor:
+    """`field` for every sample of the optimizer step [G, ...], rows as `batch["rng"]` numbers them (`rng.rows` of it
+    are this micro-batch's): what the trainer gathered into `global_batch` (a Task's `global_fields`; rows of
+    samples a stream dropped are zeros), or the batch's own when it is the whole global batch (one process without
+    accumulation, a validation batch). ValueError when it is neither."""
+    rng = batch["rng"]
+    if field in batch.get("global_batch", {}):
+        return batch["global_batch"][field]
+    if rng.offset == 0 and rng.size == rng.global_size:
+        return batch[field]
+    raise ValueError(f"the loss needs {field!r} of the whole global batch, but this micro-batch has rows "
+                     f"[{rng.offset}, {rng.offset + rng.size}) of {rng.global_size} and no global_batch (a task's "
+                     "global_fields, which the trainer gathers)")
 
 
 def interleave_rows(groups: list[Tensor], width: int = 8) -> tuple[Tensor, int]:

@@ -619,6 +619,7 @@ class Trainer:
         acc, tc = self.accelerator, self.run.train
         flags: list[Tensor] = []
         micro = tc.batch_size // (tc.grad_accum * acc.num_processes)
+        global_batch = self._global_fields(batches, micro)
         for phase_index, phase in enumerate(self.task.phases):
             opt = self.optimizers[phase]
             self.model.zero_grad(set_to_none=True)
@@ -627,6 +628,8 @@ class Trainer:
                 size = next(len(v) for v in batch.values() if isinstance(v, (Tensor, list)))
                 offset = (m * acc.num_processes + acc.process_index) * micro  # rows of the global batch
                 batch["rng"] = BatchRandom(tc.seed, self.step, phase_index, tc.batch_size, offset, size, acc.device)
+                if global_batch:
+                    batch["global_batch"] = global_batch
                 last = m == len(batches) - 1
                 missing = batch.pop("missing", {})
                 with self._gradient_sync(last), acc.autocast():
@@ -649,6 +652,23 @@ class Trainer:
             logs.add(name, total)
             logs.add(name.replace("loss", "grad_norm"), torch.where(finite, norm, torch.zeros_like(norm)))
         return torch.stack(flags)
+
+    def _global_fields(self, batches: list[dict[str, Any]], micro: int) -> dict[str, Tensor]:
+        """The task's `global_fields` that this step's batches have, for every sample of the global batch [G, ...]
+        in BatchRandom's row order (micro-batch m of rank p holds rows (m·P + p)·micro onwards): this rank's
+        micro-batches, each padded to `micro` rows with zeros (a stream's micro-batch short of its unreadable
+        records), gathered over the processes. Every rank's batches have the same fields (data config)."""
+        acc, gathered = self.accelerator, {}
+        for name in self.task.global_fields:
+            if name not in batches[0]:
+                continue
+            rows = [b[name] for b in batches]
+            local = torch.stack([torch.cat([v, v.new_zeros(micro - len(v), *v.shape[1:])]) for v in rows])
+            if acc.num_processes > 1:  # [A, micro, ...] from each rank, as integers (gloo gathers no bool)
+                local = acc.gather(local[None].long()).to(local.dtype)  # [P, A, micro, ...]
+                local = local.transpose(0, 1)  # [A, P, micro, ...]
+            gathered[name] = local.reshape(-1, *rows[0].shape[1:])  # [G, ...]
+        return gathered
 
     def _optimizer_step(self, phase: str, finite: Tensor) -> Tensor:
         """Step the phase's optimizer unless `finite` is false; returns whether the step counts. A fused AdamW skips
