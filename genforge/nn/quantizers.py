@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import Literal, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -232,13 +232,32 @@ class Quantizing(nn.Module):
             self.pending = PendingCodebookUpdate(cfg.codebook_size, cfg.codebook_dim or dim,
                                                  sample=cfg.threshold_ema_dead_code > 0)
 
-    def quantize(self, z: Tensor, step: int | None = None, rng: BatchRandom | None = None) -> Quantized:
+    def quantize(self, z: Tensor, step: int | None = None, rng: BatchRandom | None = None,
+                 keep: Tensor | None = None) -> Quantized:
         """z [B, z, h, w] or [B, z, t, h, w] -> Quantized. With `step` (training), this batch's codebook statistics
         join the update applied when the next step begins (dead-code samples keyed by `rng`); without, the codebook
-        is only read, after any pending update is applied."""
+        is only read, after any pending update is applied. `keep` bool [B, t] (video latents): only those token
+        frames are quantized, so the loss, its logs and the codebook statistics never see the others (a short
+        clip's padding); theirs are zero codes and id 0."""
+        if keep is not None:  # the kept token frames as a batch of frames [M, z, h, w], clip-major
+            b, c, t, h, w = z.shape
+            q = self._quantize(z.transpose(1, 2)[keep], step,
+                               lambda: self._keys(rng, b, t * h * w).view(b, t, h * w)[keep])
+            zq = z.new_zeros(b, t, c, h, w).index_put((keep,), q.zq).transpose(1, 2)  # [B, z, t, h, w]
+            return Quantized(zq, q.ids.new_zeros(b, t, h, w).index_put((keep,), q.ids), q.loss, q.logs)
         if z.ndim > 4:  # video latents: quantized as one tall image [B, z, t·h, w], per position like any other
             q = self.quantize(z.flatten(2, -2), step, rng)
             return Quantized(q.zq.view(z.shape), q.ids.view(z.shape[0], *z.shape[2:]), q.loss, q.logs)
+        return self._quantize(z, step, lambda: self._keys(rng, len(z), z.shape[2] * z.shape[3]))
+
+    @staticmethod
+    def _keys(rng: BatchRandom | None, rows: int, n: int) -> Tensor:
+        """Random keys [rows, n] of a batch's encodings for the dead-code sample: per-row draws, the same however the
+        global batch is split."""
+        return rng.rand(n) if rng is not None else torch.rand(rows, n)
+
+    def _quantize(self, z: Tensor, step: int | None, keys: Callable[[], Tensor]) -> Quantized:
+        """z [B, z, h, w] -> Quantized; `keys` draws the dead-code sample's keys [B, h·w] when one is taken."""
         if self.pending is not None:
             self.apply_pending(unless_step=step)
         kind = self.qcfg.kind
@@ -246,7 +265,7 @@ class Quantizing(nn.Module):
             zq, ids, loss, parts = self.quantizer(z, ema_update=False, return_loss_breakdown=True)
             logs = {"commitment": parts.commitment}
             if step is not None and self.pending is not None:
-                self._add_pending(z, ids, step, rng)
+                self._add_pending(z, ids, step, keys)
         elif kind == "lfq":
             (zq, ids, loss), parts = self.quantizer(z, return_loss_breakdown=True)
             logs = {"commitment": parts.commitment, "per_sample_entropy": parts.per_sample_entropy,
@@ -257,15 +276,12 @@ class Quantizing(nn.Module):
         return Quantized(zq, ids.long(), loss, {k: v.detach().float() for k, v in logs.items()})
 
     @torch.no_grad()
-    def _add_pending(self, z: Tensor, ids: Tensor, step: int, rng: BatchRandom | None) -> None:
+    def _add_pending(self, z: Tensor, ids: Tensor, step: int, keys: Callable[[], Tensor]) -> None:
         """The encodings as the codebook sees them (projected; l2-normalised for cosine sim) [N, d] -> pending."""
-        b, _, h, w = z.shape
         x = self.quantizer.project_in(rearrange(z, "b c h w -> b (h w) c"))
         x = self.quantizer._codebook.transform_input(x).flatten(0, 1)  # [B·h·w, d]
-        keys = None
-        if self.pending.sample:  # per-row draws: the same keys however the global batch is split
-            keys = (rng.rand(h * w) if rng is not None else torch.rand(b, h * w)).to(x.device).flatten()
-        self.pending.add(step, x, ids.flatten(), keys)
+        drawn = keys().to(x.device).flatten() if self.pending.sample else None
+        self.pending.add(step, x, ids.flatten(), drawn)
 
     def apply_pending(self, unless_step: int | None = None) -> None:
         """Apply the pending codebook update (unless it belongs to `unless_step`, the step running now)."""

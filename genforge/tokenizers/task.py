@@ -10,7 +10,10 @@ its logs) and `last_layer` (the decoder weight λ is measured on).
 Video tokenizers (data of kind "video", batch field `video` [B, C, T, H, W]) use the same losses: the
 reconstruction loss over every frame, the perceptual loss and the 2-D patch discriminator on one randomly drawn
 frame per clip (Phenaki trains C-ViViT's image losses on sampled frames; the draw comes from the batch's
-reproducible random stream).
+reproducible random stream). Clips with padding (`frame_mask`, data.video.min_frames) keep it out of every loss:
+the losses see only the `loss_frames` (the real ones, or those of a codec's real token frames), the reconstruction
+loss summed over them and divided by their number in the whole global batch, the frame of the image losses drawn
+among them, and the codec is told which frames to keep (`autoencode`'s `keep`: its quantizer sees no padding).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch import Tensor, nn
 
 from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
-from genforge.core.task import Batch, Task, interleave_rows
+from genforge.core.task import Batch, Task, global_rows, interleave_rows
 from genforge.nn.perceptual import PerceptualLoss
 from genforge.nn.discriminator import (PatchDiscriminator, adaptive_weight, gradient_penalty, hinge_discriminator_loss,
                                       interpolates, r1_penalty)
@@ -37,6 +40,7 @@ class TokenizerTask(Task):
 
     autoencoder: nn.Module
     preview_online = True  # training previews: reconstructions by the EMA and by the online weights
+    global_fields = ("frame_mask",)  # the loss divides by the real frames of the whole global batch
 
     def __init__(self, cfg: TokenizerConfig, ctx: BuildContext) -> None:
         super().__init__()
@@ -55,9 +59,17 @@ class TokenizerTask(Task):
         self._fakes: dict[tuple[int, int], Tensor] = {}  # reconstructions of this step, for the discriminator
 
     # ------------------------------------------------------------------------------ for subclasses
-    def autoencode(self, image: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """image [B, C, H, W] -> (reconstruction [B, C, H, W], regulariser loss (scalar), logs) in training."""
+    def autoencode(self, image: Tensor, rng: BatchRandom, step: int,
+                   keep: Tensor | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """image [B, C, H, W] -> (reconstruction [B, C, H, W], regulariser loss (scalar), logs) in training. Video
+        tokenizers: clips [B, C, T, H, W], and `keep` bool [B, T], the `loss_frames` of clips with padding (None:
+        every frame), which the regulariser and logs must see alone."""
         raise NotImplementedError
+
+    def loss_frames(self, frame_mask: Tensor) -> Tensor:
+        """The frames of clips with real frames `frame_mask` bool [B, T] whose reconstruction enters the losses, a
+        prefix of each clip (True first): the real frames (a causal video codec: those of its real token frames)."""
+        return frame_mask
 
     def last_layer(self) -> Tensor:
         """The decoder's output weight (taming's adaptive weight is measured on its gradients)."""
@@ -81,11 +93,36 @@ class TokenizerTask(Task):
         return [p for p in module.parameters() if p.requires_grad]
 
     @staticmethod
-    def frame_draw(x: Tensor, rng: BatchRandom) -> Tensor | None:
-        """For clips x [B, C, T, H, W]: one frame index per clip [B], drawn from the batch's stream; None for images."""
+    def frame_draw(x: Tensor, rng: BatchRandom, keep: Tensor | None = None) -> Tensor | None:
+        """For clips x [B, C, T, H, W]: one frame index per clip [B], drawn from the batch's stream (with `keep`, the
+        prefix of loss frames [B, T]: among them); None for images."""
         if x.ndim == 4:
             return None
-        return (rng.rand().to(x.device) * x.shape[2]).long().clamp_(max=x.shape[2] - 1)
+        if keep is None:
+            return (rng.rand().to(x.device) * x.shape[2]).long().clamp_(max=x.shape[2] - 1)
+        count = keep.sum(1)  # [B], at least the first frame
+        return torch.minimum((rng.rand().to(x.device) * count).long(), count - 1)
+
+    def kept_frames(self, batch: Batch, x: Tensor) -> Tensor | None:
+        """The `loss_frames` [B, T] of the batch's clips x when they carry a frame mask (None: every frame)."""
+        return self.loss_frames(batch["frame_mask"]) if x.ndim == 5 and "frame_mask" in batch else None
+
+    def reconstruction_loss(self, recon: Tensor, x: Tensor, batch: Batch,
+                            keep: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(the reconstruction loss, its value to log): the mean over every element; with `keep` [B, T], the sum over
+        the kept frames divided by the elements of the kept frames of the whole global batch, so any split into
+        processes and accumulation steps gives the same gradient (logged: the mean over this batch's kept ones)."""
+        loss = RECONSTRUCTION_LOSSES[self.cfg.reconstruction_loss]
+        if keep is None:
+            value = loss(recon.float(), x.float())
+            return value, value.detach()
+        rng = batch["rng"]
+        recon_kept, x_kept = (v.transpose(1, 2)[keep].float() for v in (recon, x))  # [M, C, H, W]: no padding
+        total = loss(recon_kept, x_kept, reduction="sum")
+        per_frame = x[:1, :, 0].numel()  # C·H·W
+        kept_everywhere = self.loss_frames(global_rows(batch, "frame_mask")).sum()
+        return total * (rng.global_size / rng.size) / (kept_everywhere * per_frame), \
+            total.detach() / (keep.sum() * per_frame)
 
     @staticmethod
     def as_frames(x: Tensor, index: Tensor | None) -> Tensor:
@@ -96,10 +133,10 @@ class TokenizerTask(Task):
         if phase == "discriminator":
             return self.discriminator_loss(batch, step)
         image, rng = batch[self.field], batch["rng"]
-        recon, regulariser, logs = self.autoencode(image, rng, step)  # [B, C, H, W] or [B, C, T, H, W]
-        nll = RECONSTRUCTION_LOSSES[self.cfg.reconstruction_loss](recon.float(), image.float())
-        logs["reconstruction"] = nll.detach()
-        frame = self.frame_draw(image, rng)  # the frame of each clip the image losses see (None: images)
+        keep = self.kept_frames(batch, image)  # [B, T]: the frames the losses see (None: all)
+        recon, regulariser, logs = self.autoencode(image, rng, step, keep)  # [B, C, H, W] or [B, C, T, H, W]
+        nll, logs["reconstruction"] = self.reconstruction_loss(recon, image, batch, keep)
+        frame = self.frame_draw(image, rng, keep)  # the frame of each clip the image losses see (None: images)
         if self.perceptual is not None:
             perceptual = self.perceptual(self.as_frames(recon, frame)[:, :3],
                                          self.as_frames(image, frame)[:, :3]).mean()
@@ -129,17 +166,18 @@ class TokenizerTask(Task):
         apply_grad_penalty_every = 4 (its code hands the flag to the generator call, which ignores it, so it in fact
         penalises every step: penalty_every 1)."""
         image, rng = batch[self.field], batch["rng"]
+        keep = self.kept_frames(batch, image)
         fake = self._fakes.get((step, rng.offset))
         if fake is None:  # the generator phase did not run on this batch (e.g. called on its own)
             was_training = self.autoencoder.training
             self.autoencoder.eval()  # no codebook EMA updates from a second pass
             with torch.no_grad():
-                fake = self.autoencode(image, rng, step)[0]
+                fake = self.autoencode(image, rng, step, keep)[0]
             self.autoencoder.train(was_training)
         gan = self.cfg.gan
         penalise = gan.penalty != "none" and gan.penalty_weight > 0 and step % gan.penalty_every == 0
         on_real = penalise and gan.penalty_inputs == "real"  # r1, and wgan_gp as MUSE takes it
-        frame = self.frame_draw(image, rng)
+        frame = self.frame_draw(image, rng, keep)
         real = self.as_frames(image, frame).detach().requires_grad_(on_real)
         fake = self.as_frames(fake, frame).detach()
         real_logits = self.discriminator(real)

@@ -1,12 +1,15 @@
 """cvivit as a Task: the shared tokenizer objective (genforge/tokenizers/task.py) on clips: reconstruction of
 every frame, perceptual and adaptive patch-GAN terms on a drawn frame of each clip, the quantizer's loss
 (commitment; LFQ's entropy), the discriminator (with R1) as the second phase. Image batches train it as 1-frame
-videos (joint image + video training)."""
+videos (joint image + video training). Padded clips (data.video.min_frames): the losses and the quantizer see only
+the frames of real token frames (`core.codec.token_frame_mask`: causal in time, those never see a padded frame)."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
+from genforge.core.codec import token_frame_mask
 from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
@@ -28,13 +31,22 @@ class CViViTTask(TokenizerTask):
         self.autoencoder = CViViT(cfg, ctx.info.channels)
         self._last_was_image = False
 
-    def autoencode(self, video: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def autoencode(self, video: Tensor, rng: BatchRandom, step: int,
+                   keep: Tensor | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         ae = self.autoencoder
         z = ae.encode_latent(video)  # [B, D, t, h, w]
-        q = ae.quantize(z, step if ae.training else None, rng)
+        tokens = None if keep is None else token_frame_mask(keep, ae.temporal_patch)  # [B, t]: the real token frames
+        q = ae.quantize(z, step if ae.training else None, rng, keep=tokens)
         self._last_was_image = z.shape[2] == 1
-        recon = ae.decode_latent(q.zq, image=video.ndim == 4)  # the input's shape
-        return recon, q.loss, {**q.logs, **batch_codebook_usage(q.ids, ae.codebook_size)}
+        recon = ae.decode_latent(q.zq, image=video.ndim == 4)  # the input's shape (causal: padding comes after)
+        ids = q.ids if tokens is None else q.ids[tokens]  # the codes used: not the padding's
+        return recon, q.loss, {**q.logs, **batch_codebook_usage(ids, ae.codebook_size)}
+
+    def loss_frames(self, frame_mask: Tensor) -> Tensor:
+        """The frames of the real token frames: a tubelet mixing real and padded frames is left out whole."""
+        pt = self.autoencoder.temporal_patch
+        tokens = token_frame_mask(frame_mask, pt)  # [B, t]
+        return torch.cat([tokens[:, :1], tokens[:, 1:].repeat_interleave(pt, dim=1)], dim=1)  # [B, T]
 
     def end_step(self, step: int) -> None:
         """Apply the step's codebook statistics on every rank (as vqgan does)."""

@@ -82,7 +82,8 @@ class DVAETask(TokenizerTask):
                       "new schedule", file=sys.stderr)
 
     # ------------------------------------------------------------------------------------ training
-    def autoencode(self, image: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def autoencode(self, image: Tensor, rng: BatchRandom, step: int,
+                   keep: Tensor | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         codec = self.autoencoder
         logits = codec.logits(image).float()  # [B, K, h, w]
         tau = self.cfg.temperature(step)

@@ -30,7 +30,8 @@ class KLVAETask(TokenizerTask):
             raise ValueError(f"data.image_size={ctx.info.image_size} must be divisible by the downsampling "
                              f"{self.autoencoder.downsample} of model.pretrained={cfg.pretrained}")
 
-    def autoencode(self, image: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def autoencode(self, image: Tensor, rng: BatchRandom, step: int,
+                   keep: Tensor | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         posterior = self.autoencoder.posterior(image)
         noise = rng.randn(*posterior.mean.shape[1:]).to(posterior.mean)  # [B, z, h, w], reproducible per row
         z = posterior.mean + posterior.std * noise  # reparameterised sample of q(z|x)

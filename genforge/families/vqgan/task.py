@@ -25,7 +25,8 @@ class VQGANTask(TokenizerTask):
         super().__init__(cfg, ctx)
         self.autoencoder = VQAutoencoder(cfg, ctx.info.channels)
 
-    def autoencode(self, image: Tensor, rng: BatchRandom, step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def autoencode(self, image: Tensor, rng: BatchRandom, step: int,
+                   keep: Tensor | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         ae = self.autoencoder
         z = ae.encode_latent(image)  # [B, z, h, w]
         # codebook statistics only from training passes (the discriminator's fallback pass runs in eval mode)

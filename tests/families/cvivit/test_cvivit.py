@@ -9,10 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from short_clips import short_clip_folder, with_garbage
 from typer.testing import CliRunner
 
 from genforge.app.config import load_config
+from genforge.app.runs import build_task
 from genforge.cli import app
+from genforge.core.random import BatchRandom
+from genforge.data.cache import CacheDataset
+from genforge.data.loader import build_dataset, data_info
 from genforge.families.cvivit.config import CViViTConfig
 from genforge.families.cvivit.model import CViViT
 from genforge.nn.attention import PreNormBlock
@@ -176,3 +181,80 @@ def test_a_run_whose_config_lost_its_layout_is_refused_with_exit_2(tmp_path):
     config.write_text(config.read_text().replace("pixel_norm: false", "pixel_norm: true"))
     again = runner.invoke(app, ["sample", str(run), "--n", "1", "--out", str(tmp_path / "x.gif")])
     assert again.exit_code == 0, again.output
+
+
+# clips of 5 frames: token frames 0 <- frame 0, 1 <- frames 1-2, 2 <- frames 3-4
+FRAME_MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+
+
+def padded_task():
+    torch.manual_seed(0)
+    cfg = load_config("cvivit-debug", ["data.video.min_frames=1"])  # with its patch GAN on a drawn frame of each clip
+    return build_task(cfg, data_info(build_dataset(cfg.data), cfg.data)).train()
+
+
+def losses_and_grads(task, video, frame_mask):
+    """Each phase's loss at step 0 and the gradients it leaves."""
+    results = []
+    for index, phase in enumerate(task.phases):
+        task.zero_grad()
+        batch = {"video": video, "frame_mask": frame_mask, "rng": BatchRandom(0, 0, index, 4, 0, 4)}
+        loss, _ = task.loss(batch, phase, 0)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in task.named_parameters() if p.grad is not None}))
+    return results
+
+
+def test_padded_frames_never_enter_the_losses_or_the_gradients():
+    task = padded_task()
+    video = torch.rand(4, 3, 5, 16, 16) * 2 - 1
+    first, second = (losses_and_grads(task, with_garbage(video, FRAME_MASK, seed), FRAME_MASK) for seed in (1, 2))
+    for (loss_a, grads_a), (loss_b, grads_b) in zip(first, second):  # generator, discriminator
+        torch.testing.assert_close(loss_a, loss_b, rtol=1e-6, atol=1e-7)
+        assert grads_a.keys() == grads_b.keys() and grads_a
+        for name in grads_a:
+            torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7, msg=name)
+    # the same garbage seen as real frames does change the loss: the test can tell
+    everything = torch.ones_like(FRAME_MASK)
+    unmasked = [losses_and_grads(task, with_garbage(video, FRAME_MASK, seed), everything)[0][0] for seed in (1, 2)]
+    assert not torch.allclose(*unmasked)
+    # a tubelet mixing real and padded frames is padding: clip 1 (real 0-2) keeps frames 0-2, clip 2 (0-1) frame 0
+    assert task.loss_frames(FRAME_MASK).sum(1).tolist() == [5, 3, 1, 1]
+
+
+def test_the_padded_reconstruction_loss_is_normalised_over_the_global_batch():
+    task = padded_task()
+    video = torch.rand(4, 3, 5, 16, 16) * 2 - 1
+    recon = video + 0.1 * torch.randn_like(video)
+    keep = task.loss_frames(FRAME_MASK)
+    whole, _ = task.reconstruction_loss(recon, video, {"rng": BatchRandom(0, 0, 0, 4, 0, 4), "frame_mask": FRAME_MASK},
+                                        keep)
+    halves = [task.reconstruction_loss(recon[o : o + 2], video[o : o + 2],
+                                       {"rng": BatchRandom(0, 0, 0, 4, o, 2), "frame_mask": FRAME_MASK[o : o + 2],
+                                        "global_batch": {"frame_mask": FRAME_MASK}}, keep[o : o + 2])[0]
+              for o in (0, 2)]
+    torch.testing.assert_close((halves[0] + halves[1]) / 2, whole)  # the trainer averages micro-batches
+    kept = recon.transpose(1, 2)[keep] - video.transpose(1, 2)[keep]
+    torch.testing.assert_close(whole, kept.abs().mean() if task.cfg.reconstruction_loss == "l1" else kept.pow(2).mean())
+    with pytest.raises(ValueError, match="global_batch"):
+        task.reconstruction_loss(recon[:2], video[:2], {"rng": BatchRandom(0, 0, 0, 4, 0, 2),
+                                                        "frame_mask": FRAME_MASK[:2]}, keep[:2])
+
+
+def test_a_short_clip_trains_padded_and_its_token_cache_keeps_the_frame_mask(tmp_path):
+    data, run, cache = short_clip_folder(tmp_path / "clips"), tmp_path / "run", tmp_path / "cache"
+    clips = ["--set", "data.source=video_folder", "--set", f"data.path={data}", "--set", "data.video.min_frames=2"]
+    out = runner.invoke(app, ["train", "cvivit-debug", "--run-dir", str(run), *clips, "--set", "train.steps=2",
+                              "--set", "train.checkpoint_every=2", "--set", "train.sample_every=2"])
+    assert out.exit_code == 0, out.output
+    assert not (run / "skipped.jsonl").exists()  # the 3-frame clip is trained on, not skipped
+    out = runner.invoke(app, ["encode", str(run), "--out", str(cache)])
+    assert out.exit_code == 0, out.output
+    masks = CacheDataset(cache).frame_masks
+    assert masks.shape == (5, 5) and sorted(masks.sum(1).tolist()) == [3, 5, 5, 5, 5]
+    phenaki = tmp_path / "phenaki"
+    out = runner.invoke(app, ["train", "phenaki-debug", "--run-dir", str(phenaki), "--set", "model.tokens.codec=tokenizer",
+                              "--set", f"model.tokens.tokenizer={run}", "--set", "data.source=cache",
+                              "--set", f"data.path={cache}", "--set", "train.steps=2", "--set", "train.sample_every=2",
+                              "--set", "train.checkpoint_every=2"])
+    assert out.exit_code == 0, out.output
