@@ -28,15 +28,19 @@ def mask_ratio(r: Tensor, schedule: str = "cosine") -> Tensor:
     raise ValueError(f"unknown mask schedule {schedule!r}; allowed: cosine, linear, square")
 
 
-def hidden_count(r: Tensor, n: int, schedule: str = "cosine") -> Tensor:
-    """Tokens hidden in training for mask-ratio draws r [B] ~ U[0, 1): ⌈γ(r)·N⌉, at least 1 -> long [B]."""
-    return torch.ceil(mask_ratio(r, schedule) * n).clamp(1, n).long()
+def hidden_count(r: Tensor, n: int | Tensor, schedule: str = "cosine") -> Tensor:
+    """Tokens hidden in training for mask-ratio draws r [B] ~ U[0, 1): ⌈γ(r)·N⌉, at least 1 -> long [B]; `n` the
+    positions of every row, or of each row (long [B]: the real ones of clips with padding)."""
+    return torch.ceil(mask_ratio(r, schedule) * n).clamp(min=1).minimum(torch.as_tensor(n).to(r)).long()
 
 
-def training_mask(r: Tensor, scores: Tensor, schedule: str = "cosine") -> Tensor:
+def training_mask(r: Tensor, scores: Tensor, schedule: str = "cosine", real: Tensor | None = None) -> Tensor:
     """Bool mask [B, N] of the tokens to hide: for each row, the `hidden_count` positions with the smallest
-    `scores` [B, N] (i.i.d. uniform: a uniformly random subset). r [B] ~ U[0, 1)."""
-    count = hidden_count(r, scores.shape[1], schedule)  # [B]
+    `scores` [B, N] (i.i.d. uniform: a uniformly random subset). r [B] ~ U[0, 1). `real` bool [B, N]: only those
+    positions are hidden, their `hidden_count` (the others are padding, never a target)."""
+    if real is not None:
+        scores = scores.masked_fill(~real, 2.0)  # above every uniform score: ranked last, never hidden
+    count = hidden_count(r, scores.shape[1] if real is None else real.sum(1), schedule)  # [B]
     ranks = scores.argsort(dim=1).argsort(dim=1)  # [B, N]: rank of each position's score within its row
     return ranks < count[:, None]
 
@@ -76,8 +80,10 @@ def frame_training_mask(r: Tensor, frame: Tensor, scores: Tensor, frames: int, s
     return mask.reshape(b, frames * p)
 
 
-def frame_hidden_count(r: Tensor, frame: Tensor, per_frame: int, frames: int, schedule: str = "cosine") -> Tensor:
-    """Tokens `frame_training_mask` hides per row [B]: ⌈γ(r)·P⌉ in the current frame + P per later frame."""
+def frame_hidden_count(r: Tensor, frame: Tensor, per_frame: int, frames: int | Tensor,
+                       schedule: str = "cosine") -> Tensor:
+    """Tokens `frame_training_mask` hides per row [B]: ⌈γ(r)·P⌉ in the current frame + P per later frame (of
+    `frames`, or of each row's real token frames long [B])."""
     return hidden_count(r, per_frame, schedule) + (frames - 1 - frame) * per_frame
 
 

@@ -1,7 +1,10 @@
 """MaskedTokenTask: MaskGIT's masked-token objective over a tokenizer's ids, conditioned on text (MUSE) or classes,
 with conditioning dropout for classifier-free guidance, and iterative parallel decoding; what maskgit (image ids
 [B, h, w]) and phenaki (video ids [B, t, h, w]) share. A subclass builds the transformer (`build_model`, its own
-position embeddings) and says which ids to decode (`code_shape`); everything else runs on the flattened ids [B, N]."""
+position embeddings) and says which ids to decode (`code_shape`); everything else runs on the flattened ids [B, N].
+Positions that padding feeds (`real_positions`: phenaki's token frames of padded video frames) are never targets,
+never counted in the loss's normaliser, and are shown to the transformer as [MASK], so nothing of them reaches the
+loss."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from torch import Tensor, nn
 
 from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
-from genforge.core.task import Batch, Task, class_conditions, class_count
+from genforge.core.task import Batch, Task, class_conditions, class_count, global_rows
 from genforge.masked.config import MaskedTokenConfig
 from genforge.masked.masking import decode, guided_logits, hidden_count, training_mask
 from genforge.masked.transformer import MaskTransformer, MaskTransformerBlock
@@ -31,6 +34,7 @@ class MaskedTokenTask(Task):
     samples by iterative decoding, then decodes the ids to pixels with the tokenizer."""
 
     block_types = (MaskTransformerBlock,)
+    global_fields = ("frame_mask",)  # the loss's normaliser counts the real positions of the whole global batch
 
     def __init__(self, cfg: MaskedTokenConfig, ctx: BuildContext) -> None:
         super().__init__()
@@ -72,6 +76,11 @@ class MaskedTokenTask(Task):
 
     def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
         """The shape of the ids `sample` decodes for n samples: [n, h, w] (images) or [n, t, h, w] (clips)."""
+        raise NotImplementedError
+
+    def real_positions(self, frame_mask: Tensor, n: int) -> Tensor:
+        """bool [B, N] (N = `n` ids per sample): the positions of samples with real frames `frame_mask` [B, T] that no
+        padding feeds (phenaki: those of the real token frames)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ building
@@ -145,10 +154,12 @@ class MaskedTokenTask(Task):
             return self.critic_loss(batch)
         ids = self.to_tokens(batch)  # [B, N]
         rng = batch["rng"]
-        mask, masked_total = self.training_masks(rng, ids.shape[1])
+        real = self.global_real_positions(batch, ids.shape[1])  # [G, N] or None: no padding
+        mask, masked_total = self.training_masks(rng, ids.shape[1], real)
         drop = rng.rand() < self.cfg.cond_dropout_prob  # [B]: unconditional rows (classifier-free guidance)
         context, context_mask = self.context(batch, drop)
-        hidden = self.model.hidden(ids.masked_fill(mask, self.model.mask_id), context, context_mask)  # [B, N, D]
+        shown = ids.masked_fill(mask if real is None else mask | ~rng.rows(real), self.model.mask_id)  # padding too
+        hidden = self.model.hidden(shown, context, context_mask)  # [B, N, D]
         logits = self.model.head(hidden[mask])  # only the masked positions: [M, K]
         targets = ids[mask]  # [M]
         ce = F.cross_entropy(logits.float(), targets, reduction="sum", label_smoothing=self.cfg.label_smoothing)
@@ -158,12 +169,22 @@ class MaskedTokenTask(Task):
                     "accuracy": (logits.argmax(-1) == targets).float().mean()}
         return loss, logs
 
-    def training_masks(self, rng: BatchRandom, n: int) -> tuple[Tensor, Tensor]:
+    def global_real_positions(self, batch: Batch, n: int) -> Tensor | None:
+        """`real_positions` of every sample of the step [G, N] when the batch's clips carry a frame mask (None: every
+        position is real; image batches)."""
+        if "frame_mask" not in batch:
+            return None
+        return self.real_positions(global_rows(batch, "frame_mask"), n)
+
+    def training_masks(self, rng: BatchRandom, n: int, real: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The positions hidden in training, bool [B, N] (True = hidden), and how many the whole global batch hides
-        (the loss's denominator): MaskGIT's ⌈γ(r)·N⌉ uniformly random positions per sample."""
+        (the loss's denominator): MaskGIT's ⌈γ(r)·N⌉ uniformly random positions per sample. `real` bool [G, N]: the
+        real positions of every sample of the step (clips with padding): ⌈γ(r)·N_real⌉ of those alone."""
         r_all = rng.rand_global()  # [G]: the mask ratio draw of every sample of the step
-        masked_total = hidden_count(r_all, n, self.cfg.mask_schedule).sum()  # every masked token of the step
-        return training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule), masked_total
+        counted = n if real is None else real.sum(1)  # positions per sample that may be hidden
+        masked_total = hidden_count(r_all, counted, self.cfg.mask_schedule).sum()  # every masked token of the step
+        real_rows = None if real is None else rng.rows(real)
+        return training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule, real_rows), masked_total
 
     def critic_loss(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Token-Critic (Lezama et al. 2022, §3.2, eq. 4): mask ids as in training (γ(r)·N random positions),
@@ -171,19 +192,21 @@ class MaskedTokenTask(Task):
         critic to tell which positions were filled: binary cross-entropy against the mask over every token."""
         ids = self.to_tokens(batch)  # [B, N]
         rng = batch["rng"]
-        mask = training_mask(rng.rand(), rng.rand(ids.shape[1]), self.cfg.mask_schedule)  # [B, N] True = filled
+        real = self.global_real_positions(batch, ids.shape[1])
+        real = torch.ones_like(ids, dtype=torch.bool) if real is None else rng.rows(real)  # [B, N]
+        mask = training_mask(rng.rand(), rng.rand(ids.shape[1]), self.cfg.mask_schedule, real)  # [B, N] True = filled
         keep = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
         with torch.no_grad():
             context, context_mask = self.context(batch, keep)
-            logits = self.model(ids.masked_fill(mask, self.model.mask_id), context, context_mask)[mask].float()
+            logits = self.model(ids.masked_fill(mask | ~real, self.model.mask_id), context, context_mask)[mask].float()
             cdf = logits.softmax(-1).cumsum(-1)  # [M, K]: one uniform per filled token draws from softmax(logits)
             drawn = (cdf < rng.rand(ids.shape[1])[mask][:, None] * cdf[:, -1:]).sum(-1)  # [M]
-            filled = ids.masked_scatter(mask, drawn)  # [B, N]
+            filled = ids.masked_scatter(mask, drawn).masked_fill(~real, self.model.mask_id)  # [B, N]: padding masked
         critic = self.model.critic
         scores = critic(filled, *self.context(batch, keep, transformer=critic))[..., 0]  # [B, N]: logit of "filled"
-        loss = F.binary_cross_entropy_with_logits(scores.float(), mask.float())
+        loss = F.binary_cross_entropy_with_logits(scores[real].float(), mask[real].float())  # the real positions
         with torch.no_grad():
-            logs = {"bce": loss.detach(), "accuracy": ((scores > 0) == mask).float().mean(),
+            logs = {"bce": loss.detach(), "accuracy": ((scores > 0) == mask)[real].float().mean(),
                     "changed": (drawn != ids[mask]).float().mean()}  # share of filled tokens unlike the real ones
         return loss, logs
 

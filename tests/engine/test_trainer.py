@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from short_clips import short_clip_folder
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
@@ -103,6 +104,28 @@ def test_two_processes_keep_every_buffer_identical(tmp_path):
     r0, r1 = load_file(str(tmp_path / "rank0-of2.safetensors")), load_file(str(tmp_path / "rank1-of2.safetensors"))
     assert r0.keys() == r1.keys() and all(torch.equal(r0[k], r1[k]) for k in r0)
     assert r0["autoencoder.latent_var_updates"] == 4 and r0["autoencoder.latent_var"] != 1.0
+
+
+@pytest.mark.dist  # several processes: make test-dist
+def test_two_processes_gather_the_frame_masks_of_padded_clips(tmp_path):
+    """phenaki divides its loss by the real positions of the whole global batch (Task.global_fields): 2 processes
+    with a padded clip (data.video.min_frames) and 2 accumulation steps gather every micro-batch's frame masks in
+    the global batch's order and train as 1 process does."""
+    data = short_clip_folder(tmp_path / "clips", n=3)  # 4 clips, one of 3 frames: in every batch of 4
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]), GENFORGE_TEST_PRESET="phenaki-debug")
+    settings = ["data.source=video_folder", f"data.path={data}", "data.video.min_frames=2", "train.steps=2",
+                "train.grad_accum=2", "train.checkpoint_every=2", "train.sample_every=0"]
+    worker = str(HERE / "ddp_worker.py")
+    for command in ([sys.executable, worker], [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                               "--nproc_per_node", "2", worker]):
+        done = subprocess.run([*command, str(tmp_path / f"run{len(command)}"), str(tmp_path), *settings], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    one = load_file(str(tmp_path / "rank0-of1.safetensors"))
+    r0, r1 = load_file(str(tmp_path / "rank0-of2.safetensors")), load_file(str(tmp_path / "rank1-of2.safetensors"))
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    for k in one:
+        torch.testing.assert_close(one[k], r0[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 @pytest.mark.dist  # several processes: make test-dist

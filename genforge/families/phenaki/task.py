@@ -1,7 +1,9 @@
 """phenaki as a Task: the shared masked-token objective and guided decoding (genforge/masked/task.py) over a
 video tokenizer's ids [B, t, h, w] (a cvivit run, or the colour stand-in), with factorised positions; samples are
 clips [B, C, T, H, W], any 1 + k·(temporal patch) frames (`genforge sample --frames`), or stories: one clip per
-prompt of a sequence, each continuing the last (`genforge sample --story`)."""
+prompt of a sequence, each continuing the last (`genforge sample --story`). Padded clips (data.video.min_frames):
+a token frame is real when all its video frames (and every earlier one) are (`core.codec.token_frame_mask`); the
+others are never hidden, targets or counted, and the transformer sees them as [MASK]."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from genforge.core.codec import token_frame_mask
 from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
 from genforge.core.task import Batch
@@ -48,21 +51,36 @@ class PhenakiTask(MaskedTokenTask):
                              f"frames, e.g. {1 + self.temporal_downsample * max(1, (frames - 1) // self.temporal_downsample)}")
         return (n, 1 + (frames - 1) // self.temporal_downsample, self.grid, self.grid)
 
-    def training_masks(self, rng: BatchRandom, n: int) -> tuple[Tensor, Tensor]:
+    def real_positions(self, frame_mask: Tensor, n: int) -> Tensor:
+        """The positions of the real token frames (`token_frame_mask` of the tokenizer's temporal patch): a token
+        frame mixing real and padded video frames is padding."""
+        tokens = token_frame_mask(frame_mask, self.temporal_downsample)  # [B, t]
+        if tokens.shape[1] * self.model.tokens_per_frame != n:
+            raise ValueError(f"a frame mask of {frame_mask.shape[1]} frames ({tokens.shape[1]} token frames) does not "
+                             f"match clips of {n // self.model.tokens_per_frame} token frames")
+        return tokens.repeat_interleave(self.model.tokens_per_frame, dim=1)  # [B, N]
+
+    def training_masks(self, rng: BatchRandom, n: int, real: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """MaskGIT's uniform masks; with model.frame_order_prob, that share of the clips masked in frame order
-        (`masking.frame_training_mask`: what decoding token frame by token frame conditions on)."""
+        (`masking.frame_training_mask`: what decoding token frame by token frame conditions on). With `real` (clips
+        with padding), the frame being decoded is drawn among each clip's real token frames and the frames after it
+        are hidden up to its last real one."""
         prob = self.cfg.frame_order_prob
         if not prob:
-            return super().training_masks(rng, n)
+            return super().training_masks(rng, n, real)
         per_frame, schedule = self.model.tokens_per_frame, self.cfg.mask_schedule
         frames = n // per_frame  # 1 for an image step (data.images)
+        real_frames = frames if real is None else real[:, ::per_frame].sum(1)  # [G]: a prefix of real token frames
         r_all, ordered_all = rng.rand_global(), rng.rand_global() < prob  # [G] each: every sample of the step
-        frame_all = (rng.rand_global() * frames).long().clamp(max=frames - 1)  # [G]: the frame being decoded
-        counts = torch.where(ordered_all, frame_hidden_count(r_all, frame_all, per_frame, frames, schedule),
-                             hidden_count(r_all, n, schedule))
+        frame_all = (rng.rand_global() * real_frames).long().clamp(max=real_frames - 1)  # [G]: the frame decoded
+        counts = torch.where(ordered_all, frame_hidden_count(r_all, frame_all, per_frame, real_frames, schedule),
+                             hidden_count(r_all, n if real is None else real.sum(1), schedule))
         r, ordered, frame = rng.rows(r_all), rng.rows(ordered_all), rng.rows(frame_all)
-        uniform = training_mask(r, rng.rand(n), schedule)  # [B, N]
+        real_rows = None if real is None else rng.rows(real)
+        uniform = training_mask(r, rng.rand(n), schedule, real_rows)  # [B, N]
         in_order = frame_training_mask(r, frame, rng.rand(per_frame), frames, schedule)  # [B, N]
+        if real_rows is not None:
+            in_order = in_order & real_rows  # the later frames up to the last real one
         return torch.where(ordered[:, None], in_order, uniform), counts.sum()
 
     def decode_in_order(self, run: DecodeRun, shape: tuple[int, ...], initial: Tensor | None,

@@ -14,6 +14,7 @@ import torch
 from eval.eval_standins import TinyFeatures
 from fake_i3d import standin_file
 from safetensors.torch import load_file
+from short_clips import short_clip_folder, with_garbage
 from typer.testing import CliRunner
 
 from genforge.app.config import load_config
@@ -320,3 +321,54 @@ def test_previews_can_be_longer_than_the_training_clips(tmp_path):
     result = runner.invoke(app, ["train", "maskgit-debug", "--run-dir", str(tmp_path / "img"), "--set",
                                  "train.sample_frames=9", "--dry-run"])
     assert result.exit_code == 2 and "train.sample_frames" in result.output
+
+
+# clips of 5 frames through the stand-in's temporal patch of 2: token frames 0 <- frame 0, 1 <- 1-2, 2 <- 3-4
+FRAME_MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+CAPTIONS = ["a red circle moving left", "a blue square moving up", "a green triangle moving down", "a red square"]
+
+
+def loss_and_grads(task, video, frame_mask):
+    task.zero_grad()
+    batch = {"video": video, "frame_mask": frame_mask, "text": CAPTIONS, "rng": BatchRandom(0, 0, 0, 4, 0, 4)}
+    loss, _ = task.loss(batch, "main", 0)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in task.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("frame_order_prob", [0.0, 0.5])
+def test_padded_token_frames_are_never_targets_never_seen_and_never_counted(frame_order_prob):
+    task = task_of("data.video.min_frames=1", f"model.frame_order_prob={frame_order_prob}")
+    n, p = 3 * 64, 64
+    real = task.real_positions(FRAME_MASK, n)  # [4, N]: a token frame with a padded video frame is padding
+    assert real.view(4, 3, p).all(-1).sum(1).tolist() == [3, 2, 1, 1] and torch.equal(real.view(4, 3, p).any(-1),
+                                                                                        real.view(4, 3, p).all(-1))
+    mask, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 4), n, real)
+    assert not (mask & ~real).any() and (mask.sum(1) > 0).all() and int(total) == int(mask.sum())
+    halves = [task.training_masks(BatchRandom(0, 0, 0, 4, offset, 2), n, real) for offset in (0, 2)]
+    assert torch.equal(torch.cat([m for m, _ in halves]), mask) and all(int(c) == int(total) for _, c in halves)
+    video = torch.rand(4, 3, 5, 16, 16) * 2 - 1
+    (loss_a, grads_a), (loss_b, grads_b) = (loss_and_grads(task, with_garbage(video, FRAME_MASK, seed), FRAME_MASK)
+                                            for seed in (1, 2))
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-6, atol=1e-7)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7, msg=name)
+    everything = torch.ones_like(FRAME_MASK)  # the garbage as real frames does change the loss: the test can tell
+    unmasked = [loss_and_grads(task, with_garbage(video, FRAME_MASK, seed), everything)[0] for seed in (1, 2)]
+    assert not torch.allclose(*unmasked)
+
+
+def test_a_short_clip_trains_padded_the_same_with_gradient_accumulation(tmp_path):
+    data = short_clip_folder(tmp_path / "clips", n=3)  # 4 clips: every batch of 4 holds the short one
+    runs = {accum: tmp_path / f"accum{accum}" for accum in (1, 2)}
+    for accum, run in runs.items():
+        out = runner.invoke(app, ["train", "phenaki-debug", "--run-dir", str(run), "--set", "data.source=video_folder",
+                                  "--set", f"data.path={data}", "--set", "data.video.min_frames=2", "--set",
+                                  f"train.grad_accum={accum}", "--set", "train.steps=2", "--set", "train.sample_every=2",
+                                  "--set", "train.checkpoint_every=2"])
+        assert out.exit_code == 0, out.output
+        assert not (run / "skipped.jsonl").exists()  # the 3-frame clip is trained on, not skipped
+    for a, b in zip(_weights(runs[1], 2), _weights(runs[2], 2)):  # the normaliser counts the whole global batch
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
