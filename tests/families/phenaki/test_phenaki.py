@@ -359,6 +359,17 @@ def test_padded_token_frames_are_never_targets_never_seen_and_never_counted(fram
     assert not torch.allclose(*unmasked)
 
 
+def test_the_token_critic_neither_sees_nor_scores_padding():
+    task = task_of("data.video.min_frames=1", "model.critic.depth=1")
+    video = torch.rand(4, 3, 5, 16, 16) * 2 - 1
+    losses = []
+    for seed in (1, 2):
+        batch = {"video": with_garbage(video, FRAME_MASK, seed), "frame_mask": FRAME_MASK, "text": CAPTIONS,
+                 "rng": BatchRandom(0, 0, 1, 4, 0, 4)}
+        losses.append(task.loss(batch, "critic", 0)[0])
+    torch.testing.assert_close(*losses, rtol=1e-6, atol=1e-7)
+
+
 def test_a_short_clip_trains_padded_the_same_with_gradient_accumulation(tmp_path):
     data = short_clip_folder(tmp_path / "clips", n=3)  # 4 clips: every batch of 4 holds the short one
     runs = {accum: tmp_path / f"accum{accum}" for accum in (1, 2)}
