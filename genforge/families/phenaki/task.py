@@ -75,6 +75,8 @@ class PhenakiTask(MaskedTokenTask):
         frame_all = (rng.rand_global() * real_frames).long().clamp(max=real_frames - 1)  # [G]: the frame decoded
         counts = torch.where(ordered_all, frame_hidden_count(r_all, frame_all, per_frame, real_frames, schedule),
                              hidden_count(r_all, n if real is None else real.sum(1), schedule))
+        if real is not None:
+            counts = counts * (real_frames > 0)  # the all-padding row of a sample a stream dropped hides nothing
         r, ordered, frame = rng.rows(r_all), rng.rows(ordered_all), rng.rows(frame_all)
         real_rows = None if real is None else rng.rows(real)
         uniform = training_mask(r, rng.rand(n), schedule, real_rows)  # [B, N]

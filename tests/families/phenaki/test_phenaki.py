@@ -347,6 +347,10 @@ def test_padded_token_frames_are_never_targets_never_seen_and_never_counted(fram
     assert not (mask & ~real).any() and (mask.sum(1) > 0).all() and int(total) == int(mask.sum())
     halves = [task.training_masks(BatchRandom(0, 0, 0, 4, offset, 2), n, real) for offset in (0, 2)]
     assert torch.equal(torch.cat([m for m, _ in halves]), mask) and all(int(c) == int(total) for _, c in halves)
+    dropped = real.clone()
+    dropped[3] = False  # the zero row of a sample a stream dropped (the trainer's global_batch): nothing counted
+    mask, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 3), n, dropped)
+    assert int(total) == int(mask.sum()) and not (mask & ~dropped[:3]).any()
     video = torch.rand(4, 3, 5, 16, 16) * 2 - 1
     (loss_a, grads_a), (loss_b, grads_b) = (loss_and_grads(task, with_garbage(video, FRAME_MASK, seed), FRAME_MASK)
                                             for seed in (1, 2))
