@@ -11,7 +11,12 @@ is masked. The generator's logits at the masked positions (conditional, no guida
 - `still vs moving`: log p(the first token frame copied into every later frame) − log p(the real later frames),
   per clip, under the true caption; positive means the generator prefers a still clip to the real motion.
 
-    python benchmarks/phenaki_probe.py runs/phenaki-moving-shapes [--n 128] [--threads 2]
+With `--primed`, also the continuation of primed clips (`sample --prime`): each held-out clip's first 3 frames
+(two token frames) prime a clip of the training length, prompted with its own caption and with the caption turned
+to the next direction (left→right→up→down→left); the motion check (genforge.eval.motion) of the frames from the
+last primed one on says whether the continuation goes the prompt's way.
+
+    python benchmarks/phenaki_probe.py runs/phenaki-moving-shapes [--n 128] [--threads 2] [--primed]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from genforge.app.runs import load_run
 from genforge.data.base import collate
 from genforge.data.loader import heldout_samples
 from genforge.data.moving_shapes import DIRECTIONS
+from genforge.eval.motion import STILL, motion_direction
 
 
 def with_direction(caption: str, direction: str) -> str:
@@ -40,6 +46,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--primed", action="store_true", help="also the direction of primed continuations")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_run(args.run_dir)
@@ -81,6 +88,27 @@ def main() -> None:
     print(f"  direction from ce: {right.mean():.3f} (chance 0.25)")
     print(f"  log p(still) - log p(real motion): mean {gap.mean():+.1f} nats, clips preferring still "
           f"{(gap > 0).float().mean():.3f}")
+    if args.primed:
+        primed_directions(task, samples, args.batch)
+
+
+@torch.no_grad()
+def primed_directions(task, samples: list[dict], batch_size: int) -> None:
+    """Direction accuracy of continuations primed with each clip's first 3 frames, prompted with its own direction
+    and with the next one."""
+    for shift, name in ((0, "own caption"), (1, "next direction")):
+        right, still = [], []
+        for start in range(0, len(samples), batch_size):
+            batch = collate(samples[start : start + batch_size])
+            wanted = (batch["direction"].long() + shift) % len(DIRECTIONS)
+            texts = [with_direction(t, DIRECTIONS[d]) for t, d in zip(batch["text"], wanted.tolist())]
+            gen = torch.Generator().manual_seed(start)
+            video = task.sample({"text": texts}, gen, len(texts), prime=batch["video"][:, :, :3])  # [B, C, T, H, W]
+            found = motion_direction(video[:, :, 2:])  # from the last primed frame on
+            right.append(found == wanted)
+            still.append(found == STILL)
+        print(f"  primed with 3 frames, {name}: direction right {torch.cat(right).float().mean():.3f}, "
+              f"still {torch.cat(still).float().mean():.3f}")
 
 
 if __name__ == "__main__":
