@@ -6,6 +6,8 @@ is masked. The generator's logits at the masked positions (conditional, no guida
 
 - `ce true`: cross-entropy of the clip's real tokens under its own caption, and `ce other`: under the same caption
   with each of the three other directions (mean). A generator that reads the motion words has ce true < ce other.
+  Both over every masked token, and over the moving ones only (those that differ from the first token frame's token
+  at the same place: the shape's; the background is the same in every frame and needs no caption).
 - `direction from ce`: share of clips whose own caption gives the lowest cross-entropy of the four directions
   (chance 0.25).
 - `still vs moving`: log p(the first token frame copied into every later frame) − log p(the real later frames),
@@ -53,7 +55,7 @@ def main() -> None:
     task, cfg = loaded.task.eval(), loaded.config
     samples = list(heldout_samples(cfg.data, args.n))
     per_frame = task.grid**2
-    ce_true, ce_other, right, still_minus_moving = [], [], [], []
+    ce_true, ce_other, right, still_minus_moving, moving_true, moving_other = [], [], [], [], [], []
     for start in range(0, len(samples), args.batch):
         batch = collate(samples[start : start + args.batch])
         ids = task.to_tokens({"video": batch["video"]})  # [B, N]
@@ -63,15 +65,20 @@ def main() -> None:
         inputs = ids.masked_fill(masked, task.model.mask_id)
         keep = torch.zeros(b, dtype=torch.bool)
         still = ids[:, :per_frame].repeat(1, n // per_frame)  # the first token frame in every frame: [B, N]
-        per_direction = []
+        changed = (ids != still)[:, masked].float()  # [B, M]: the moving shape's tokens
+        per_direction, per_direction_moving = [], []
         for direction in DIRECTIONS:
             texts = [with_direction(t, direction) for t in batch["text"]]
             context, context_mask = task.context({"text": texts}, keep)
             logp = F.log_softmax(task.model(inputs, context, context_mask)[:, masked].float(), -1)  # [B, M, K]
             real = -logp.gather(-1, ids[:, masked, None])[..., 0]  # [B, M]
             per_direction.append(real.mean(1))  # [B]
+            per_direction_moving.append((real * changed).sum(1) / changed.sum(1).clamp_min(1))  # [B]
         ce = torch.stack(per_direction, 1)  # [B, 4]
         truth = batch["direction"].long()  # [B]
+        ce_moving = torch.stack(per_direction_moving, 1)  # [B, 4]
+        moving_true.append(ce_moving.gather(1, truth[:, None])[:, 0])
+        moving_other.append((ce_moving.sum(1) - moving_true[-1]) / 3)
         ce_true.append(ce.gather(1, truth[:, None])[:, 0])
         ce_other.append((ce.sum(1) - ce.gather(1, truth[:, None])[:, 0]) / 3)
         right.append(ce.argmin(1) == truth)
@@ -85,6 +92,9 @@ def main() -> None:
     print(f"{args.run_dir}: {len(ce_true)} held-out clips, first token frame given, {n // per_frame - 1} masked")
     print(f"  ce true caption {ce_true.mean():.3f}, other directions {ce_other.mean():.3f} "
           f"(difference {float((ce_other - ce_true).mean()):+.3f})")
+    moving_true, moving_other = torch.cat(moving_true), torch.cat(moving_other)
+    print(f"  on the moving tokens only: ce true caption {moving_true.mean():.3f}, other directions "
+          f"{moving_other.mean():.3f} (difference {float((moving_other - moving_true).mean()):+.3f})")
     print(f"  direction from ce: {right.mean():.3f} (chance 0.25)")
     print(f"  log p(still) - log p(real motion): mean {gap.mean():+.1f} nats, clips preferring still "
           f"{(gap > 0).float().mean():.3f}")
