@@ -315,6 +315,17 @@ def test_previews_can_be_longer_than_the_training_clips(tmp_path):
     with Image.open(run_dir / "samples" / "step-000002.gif") as gif:  # equal frames merge: count by duration
         total = sum(frame.info["duration"] for frame in ImageSequence.Iterator(gif))
     assert abs(total - 9 * 125) <= 9 * 10  # 9 frames at 8 fps (GIF times in 10 ms units), not 5
+    prime = tmp_path / "prime.gif"  # --prime and a story file with chapter lengths, through the CLI
+    clip = MovingShapesDataset(1, 16, 4, textured_fraction=0.0)[0]["video"]
+    write_video(((clip.permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy(), prime)
+    result = runner.invoke(app, ["sample", str(run_dir), "--prime", str(prime), "--prompt", "a red circle moving left",
+                                 "--n", "2", "--out", str(tmp_path / "primed.gif")])
+    assert result.exit_code == 0 and (tmp_path / "primed.gif").is_file(), result.output
+    story = tmp_path / "story.txt"
+    story.write_text("a red circle moving left\na red circle moving up | 7 | 3\n")
+    result = runner.invoke(app, ["sample", str(run_dir), "--story", str(story), "--n", "2", "--decode-order", "frames",
+                                 "--out", str(tmp_path / "told.gif")])
+    assert result.exit_code == 0 and '"decode_order": "frames"' in result.output, result.output
     result = runner.invoke(app, ["train", "phenaki-debug", "--run-dir", str(tmp_path / "bad"), "--set",
                                  "train.steps=2", "--set", "train.sample_frames=8"])
     assert result.exit_code == 2 and "train.sample_frames=8" in result.output and "1 + k·2" in result.output
