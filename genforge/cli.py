@@ -28,7 +28,7 @@ from genforge.core.family import export_targets
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
 from genforge.data.cache import MANIFEST, manifest_summary
-from genforge.data.moving_shapes import write_moving_shapes_folder, write_moving_shapes_shards
+from genforge.data.moving_shapes import PATHS, write_moving_shapes_folder, write_moving_shapes_shards
 from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.data.shards import DataError
 from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
@@ -538,21 +538,24 @@ def data_moving_shapes(
     shards: Annotated[bool, typer.Option("--shards", help="write webdataset shards (.mp4 or .gif, .txt, .cls, "
                                                           ".json) instead of a folder")] = False,
     shard_size: Annotated[int, typer.Option(min=1, help="records per shard (with --shards)")] = 1000,
+    paths: Annotated[str, typer.Option(help="inside or from_centre (data.shapes.paths)")] = "inside",
 ) -> None:
     """Write the built-in moving shapes as a folder of GIFs or MP4s (class sub-folders of the shapes classes, .txt
     captions "a red circle moving left"), readable with data.source=video_folder, or with --shards as webdataset
     shards for data.source=video_shards."""
     if fmt not in ("gif", "mp4"):
         raise typer.BadParameter(f"--format {fmt!r}: allowed gif, mp4")
+    if paths not in PATHS:
+        raise typer.BadParameter(f"--paths {paths!r}: allowed {', '.join(PATHS)}")
     if shards:
         pattern, count = write_moving_shapes_shards(out, n, image_size, frames, seed=seed, fmt=fmt, fps=fps,
-                                                    shard_size=shard_size)
+                                                    shard_size=shard_size, paths=paths)
         typer.echo(f"wrote {n} clips of {frames} frames at {image_size}x{image_size} ({fmt}) in {count} shard(s): "
                    f"{pattern}")
         typer.echo(f"train on them: --set data.source=video_shards --set \"data.path={pattern}\" "
                    f"--set data.video.num_frames={frames}")
         return
-    root = write_moving_shapes_folder(out, n, image_size, frames, seed=seed, fmt=fmt, fps=fps)
+    root = write_moving_shapes_folder(out, n, image_size, frames, seed=seed, fmt=fmt, fps=fps, paths=paths)
     typer.echo(f"wrote {n} clips of {frames} frames at {image_size}x{image_size} ({fmt}) to {root}")
     typer.echo(f"train on them: --set data.source=video_folder --set data.path={root} "
                f"--set data.video.num_frames={frames}")

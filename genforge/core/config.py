@@ -92,6 +92,10 @@ class ShapesConfig(StrictModel):
     min_shapes: int = Field(1, ge=1, le=3)
     max_shapes: int = Field(3, ge=1, le=3)
     textured_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    paths: Literal["inside", "from_centre"] = Field(
+        "inside", description="moving_shapes: inside = a path of 30-45% of the side wherever it fits (the start "
+                              "position hints at the direction); from_centre = every shape starts near the centre "
+                              "and travels 20-26% (only the caption says the direction)")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "ShapesConfig":

@@ -29,12 +29,18 @@ from genforge.data.video import video_bytes, write_video
 DIRECTIONS = ("left", "right", "up", "down")
 DIRECTION_VECTORS = np.array([(-1.0, 0.0), (1.0, 0.0), (0.0, -1.0), (0.0, 1.0)])  # (dx, dy); image y grows down
 MIRRORED_DIRECTION = (1, 0, 2, 3)  # left <-> right under a horizontal flip
+PATHS = ("inside", "from_centre")  # where a clip's path lies (data.shapes.paths; render_moving_shapes)
 
 
-def render_moving_shapes(seed: int, index: int, size: int, num_frames: int,
-                         textured_fraction: float = 0.5) -> tuple[np.ndarray, int, int, str]:
+def render_moving_shapes(seed: int, index: int, size: int, num_frames: int, textured_fraction: float = 0.5,
+                         paths: str = "inside") -> tuple[np.ndarray, int, int, str]:
     """Frames uint8 [T, size, size, 3], class label, direction and caption of clip `index` of the set `seed`: the
-    shape travels 30–45 % of the side along its direction, at constant speed, and stays inside the frame."""
+    shape moves along its direction at constant speed and stays inside the frame. `paths` (PATHS): `inside`
+    travels 30–45 % of the side from wherever that fits, so the start says much of the direction (a shape moving
+    left starts in the right part); `from_centre` starts near the centre and travels 20–26 %, so only the caption
+    (and the later frames) says which way it goes."""
+    if paths not in PATHS:
+        raise ValueError(f"paths={paths!r}: allowed {', '.join(PATHS)}")
     if size < MIN_SIZE:
         raise ValueError(f"image size {size} is too small for moving shapes (need >= {MIN_SIZE})")
     rng = np.random.default_rng([seed, index, 1])
@@ -43,12 +49,17 @@ def render_moving_shapes(seed: int, index: int, size: int, num_frames: int,
     background = Image.fromarray(np.clip(render_background(rng, side, textured), 0, 255).astype(np.uint8))
     kind, colour = int(rng.integers(len(KINDS))), int(rng.integers(len(COLORS)))
     direction = int(rng.integers(len(DIRECTIONS)))
-    radius, travel = rng.uniform(0.14, 0.2), rng.uniform(0.3, 0.45)
+    radius = rng.uniform(0.14, 0.2)
     low, high = radius + 0.03, 0.97 - radius  # where the centre may be
     vector = DIRECTION_VECTORS[direction]
-    start = rng.uniform(low, high, size=2)
-    along = int(vector[1] != 0)  # the axis of motion: 0 = x, 1 = y
-    start[along] = rng.uniform(low + travel, high) if vector[along] < 0 else rng.uniform(low, high - travel)
+    if paths == "inside":
+        travel = rng.uniform(0.3, 0.45)
+        start = rng.uniform(low, high, size=2)
+        along = int(vector[1] != 0)  # the axis of motion: 0 = x, 1 = y
+        start[along] = rng.uniform(low + travel, high) if vector[along] < 0 else rng.uniform(low, high - travel)
+    else:  # from_centre: a start that any of the four directions keeps inside (a square about the centre)
+        travel = rng.uniform(0.2, 0.26)
+        start = rng.uniform(low + travel, high - travel, size=2)  # non-empty: travel <= 0.26 < 0.47 - radius
     progress = np.linspace(0.0, 1.0, num_frames) if num_frames > 1 else np.zeros(1)
     frames = []
     for p in progress:  # one small PIL drawing per frame (T of them), not per pixel
@@ -77,12 +88,12 @@ class MovingShapesDataset(Dataset):
     mirror_text = staticmethod(mirror_direction_caption)
 
     def __init__(self, n: int, image_size: int, num_frames: int, seed: int = 0, textured_fraction: float = 0.5,
-                 flip: bool = False, frame_mask: bool = False) -> None:
+                 flip: bool = False, frame_mask: bool = False, paths: str = "inside") -> None:
         if n < 0 or image_size < MIN_SIZE or num_frames < 1:
             raise ValueError(f"MovingShapesDataset needs n >= 0, image_size >= {MIN_SIZE} and num_frames >= 1, got "
                              f"n={n}, image_size={image_size}, num_frames={num_frames}")
         self.n, self.image_size, self.num_frames, self.seed = n, image_size, num_frames, seed
-        self.textured_fraction, self.flip, self.frame_mask = textured_fraction, flip, frame_mask
+        self.textured_fraction, self.flip, self.frame_mask, self.paths = textured_fraction, flip, frame_mask, paths
 
     def __len__(self) -> int:
         return self.n
@@ -92,7 +103,7 @@ class MovingShapesDataset(Dataset):
         if not 0 <= index < self.n:
             raise IndexError(index)
         frames, label, direction, caption = render_moving_shapes(self.seed, index, self.image_size, self.num_frames,
-                                                                 self.textured_fraction)
+                                                                 self.textured_fraction, self.paths)
         if self.flip and flip_drawn(aug_seed):
             frames, direction, caption = frames[:, :, ::-1], MIRRORED_DIRECTION[direction], \
                 mirror_direction_caption(caption)
@@ -105,16 +116,18 @@ class MovingShapesDataset(Dataset):
 
 
 def render_clips(n: int, image_size: int, num_frames: int, seed: int = 0, textured_fraction: float = 0.5,
-                 start: int = 0) -> dict[str, torch.Tensor]:
+                 start: int = 0, paths: str = "inside") -> dict[str, torch.Tensor]:
     """n clips `video` [n, 3, T, H, W] with `label` [n] and `direction` [n], for judges and reference sets."""
-    items = [render_moving_shapes(seed, i, image_size, num_frames, textured_fraction) for i in range(start, start + n)]
+    items = [render_moving_shapes(seed, i, image_size, num_frames, textured_fraction, paths)
+             for i in range(start, start + n)]
     frames, labels, directions, _ = zip(*items)
     return {"video": to_tensor(np.stack(frames)).movedim(1, 2), "label": torch.tensor(labels),
             "direction": torch.tensor(directions)}
 
 
 def write_moving_shapes_folder(out: str | Path, n: int, image_size: int, num_frames: int, seed: int = 0,
-                               fmt: str = "gif", fps: float = 8.0, textured_fraction: float = 0.5) -> Path:
+                               fmt: str = "gif", fps: float = 8.0, textured_fraction: float = 0.5,
+                               paths: str = "inside") -> Path:
     """Write the set as `out/<NN>_<colour>_<kind>/<key>.<gif|mp4>` + `<key>.txt` caption (the class folders of
     `write_shapes_folder`, so a video folder of it has the shapes labels)."""
     root = Path(out)
@@ -122,7 +135,7 @@ def write_moving_shapes_folder(out: str | Path, n: int, image_size: int, num_fra
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
     for index in range(n):
-        frames, label, _, caption = render_moving_shapes(seed, index, image_size, num_frames, textured_fraction)
+        frames, label, _, caption = render_moving_shapes(seed, index, image_size, num_frames, textured_fraction, paths)
         key = moving_shapes_key(seed, index)
         write_video(frames, folders[label] / f"{key}.{fmt}", fps, fmt)
         (folders[label] / f"{key}.txt").write_text(caption + "\n", encoding="utf-8")
@@ -131,7 +144,7 @@ def write_moving_shapes_folder(out: str | Path, n: int, image_size: int, num_fra
 
 def write_moving_shapes_shards(out: str | Path, n: int, image_size: int, num_frames: int, seed: int = 0,
                                fmt: str = "mp4", fps: float = 8.0, textured_fraction: float = 0.5,
-                               shard_size: int = 1000) -> tuple[str, int]:
+                               shard_size: int = 1000, paths: str = "inside") -> tuple[str, int]:
     """Write the set as webdataset shards `out/moving-shapes-NNNNNN.tar` of `shard_size` records `<key>.<mp4|gif>`,
     `<key>.txt` (caption), `<key>.cls` (label), `<key>.json` ({"direction": d}); returns the brace pattern naming
     them (a `data.path` for `data.source=video_shards`) and the number of shards."""
@@ -142,14 +155,14 @@ def write_moving_shapes_shards(out: str | Path, n: int, image_size: int, num_fra
     with ShardWriter(str(root / "moving-shapes-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
         for index in range(n):
             frames, label, direction, caption = render_moving_shapes(seed, index, image_size, num_frames,
-                                                                     textured_fraction)
+                                                                     textured_fraction, paths)
             sink.write({"__key__": moving_shapes_key(seed, index), fmt: video_bytes(frames, fmt, fps),
                         "txt": caption, "cls": label, "json": json.dumps({"direction": int(direction)})})
     return shard_pattern(root, "moving-shapes", n, shard_size)
 
 
 class MovingShapesSource(DataSource):
-    """`data.source: moving_shapes`: rendered on the fly (`data.shapes.n`, `.seed`, `.textured_fraction`; clip length
+    """`data.source: moving_shapes`: rendered on the fly (`data.shapes.n`, `.seed`, `.textured_fraction`, `.paths`; clip length
     `data.video.num_frames`); the held-out split is another seed."""
 
     name = "moving_shapes"
@@ -161,7 +174,7 @@ class MovingShapesSource(DataSource):
         seed = cfg.shapes.seed + (HELDOUT_SEED_OFFSET if split == "val" else 0)
         return MovingShapesDataset(cfg.shapes.n, cfg.image_size, cfg.video.num_frames, seed=seed,
                                    textured_fraction=cfg.shapes.textured_fraction, flip=flip,
-                                   frame_mask=cfg.video.min_frames is not None)
+                                   frame_mask=cfg.video.min_frames is not None, paths=cfg.shapes.paths)
 
     def info(self, dataset: Dataset, cfg: DataConfig) -> DataInfo:
         return DataInfo(num_classes=NUM_CLASSES, channels=3, image_size=cfg.image_size, kind="video")

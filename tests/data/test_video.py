@@ -165,22 +165,32 @@ def test_video_folder_source_from_config(tmp_path):
     assert ds[(1, 7)]["video"].shape == (3, 4, 8, 8)
 
 
-def test_moving_shapes_move_in_their_direction_and_flip_mirrors_them():
-    for index in range(12):
-        frames, label, direction, caption = render_moving_shapes(0, index, 32, 9, textured_fraction=0.0)
+def shape_centre(frame: np.ndarray) -> np.ndarray:
+    """(x, y) of the pixels unlike the top-left corner's (a plain background) in a frame [H, W, 3]."""
+    ys, xs = np.nonzero(np.abs(frame.astype(int) - frame[0, 0].astype(int)).sum(-1) > 60)
+    return np.array([xs.mean(), ys.mean()])
+
+
+@pytest.mark.parametrize("paths, travel", [("inside", 0.3 * 32 - 1), ("from_centre", 0.2 * 32 - 1)])
+def test_moving_shapes_move_in_their_direction_and_flip_mirrors_them(paths, travel):
+    starts = {d: [] for d in range(len(DIRECTIONS))}
+    for index in range(24):
+        frames, label, direction, caption = render_moving_shapes(0, index, 32, 9, textured_fraction=0.0, paths=paths)
         assert caption.endswith(f"moving {DIRECTIONS[direction]}") and 0 <= label < 16
-        moving = np.abs(frames.astype(int) - np.median(frames, axis=0)).sum(-1) > 60  # [T, H, W] shape pixels
-        ys, xs = np.nonzero(moving[0]), np.nonzero(moving[-1])
-        first = np.array([ys[1].mean(), ys[0].mean()])  # (x, y)
-        last = np.array([xs[1].mean(), xs[0].mean()])
+        first, last = shape_centre(frames[0]), shape_centre(frames[-1])
         dx, dy = last - first
-        expected = {"left": dx < -4, "right": dx > 4, "up": dy < -4, "down": dy > 4}[DIRECTIONS[direction]]
-        assert expected, (index, DIRECTIONS[direction], dx, dy)
-    again = render_moving_shapes(0, 5, 32, 9)
-    assert np.array_equal(again[0], render_moving_shapes(0, 5, 32, 9)[0])  # deterministic from (seed, index)
-    ds = MovingShapesDataset(64, 16, 5, flip=True)
+        expected = {"left": -dx, "right": dx, "up": -dy, "down": dy}[DIRECTIONS[direction]]
+        assert expected > travel and min(abs(dx), abs(dy)) < 1, (index, DIRECTIONS[direction], dx, dy)
+        starts[direction].append(first)
+    if paths == "from_centre":  # every start within the square any direction keeps inside: [0.37, 0.63] of the side
+        assert all(np.all((s > 0.37 * 32 - 1) & (s < 0.63 * 32)) for d in starts.values() for s in d), starts
+    with pytest.raises(ValueError, match="paths"):
+        render_moving_shapes(0, 0, 32, 9, paths="anywhere")
+    again = render_moving_shapes(0, 5, 32, 9, paths=paths)
+    assert np.array_equal(again[0], render_moving_shapes(0, 5, 32, 9, paths=paths)[0])  # a function of (seed, index)
+    ds = MovingShapesDataset(64, 16, 5, flip=True, paths=paths)
     flipped = [ds[(i, s)] for i in range(64) for s in range(4)]
-    plain = MovingShapesDataset(64, 16, 5)
+    plain = MovingShapesDataset(64, 16, 5, paths=paths)
     mirrored = [s for s in flipped if not torch.equal(s["video"], plain[int(s["key"][-8:])]["video"])]
     assert mirrored
     for sample in mirrored:

@@ -65,6 +65,21 @@ def test_positions_tell_token_frames_apart_and_take_any_length():
         model.embed_tokens(torch.zeros(1, 6, dtype=torch.long))
 
 
+def test_sincos_position_init_starts_neighbours_alike():
+    model = VideoMaskTransformer(codebook_size=16, tokens_per_frame=64, width=32, depth=1, num_heads=2,
+                                 position_init="sincos")
+    pos = model.pos_embed[0].detach().view(8, 8, 32)  # [row, column, D]
+    assert abs(float(pos.std()) - 0.02) < 1e-4  # the scale of MaskGIT's N(0, 0.02) start
+    cos = torch.nn.functional.cosine_similarity
+    near, far = cos(pos[3, 3], pos[3, 4], dim=0), cos(pos[3, 3], pos[3, 7], dim=0)
+    assert near > 0.9 and near > far + 0.1  # a shifted token starts close to its neighbour, far from a distant one
+    random = VideoMaskTransformer(codebook_size=16, tokens_per_frame=64, width=32, depth=1, num_heads=2)
+    assert abs(float(cos(random.pos_embed[0, 27], random.pos_embed[0, 28], dim=0))) < 0.6
+    with pytest.raises(ValueError, match="square token grid"):
+        VideoMaskTransformer(codebook_size=16, tokens_per_frame=6, width=32, depth=1, num_heads=2,
+                             position_init="sincos")
+
+
 def test_sampled_clips_have_the_asked_number_of_frames():
     task = task_of().eval()
     gen = torch.Generator().manual_seed(0)
