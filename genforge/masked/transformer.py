@@ -31,9 +31,10 @@ class MaskTransformerBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
-        # x [B, N, D], context [B, L, D], context_mask bool [B, L]
-        x = x + self.dropout(self.attn(self.norm1(x)))
+    def forward(self, x: Tensor, context: Tensor, context_mask: Tensor,
+                rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        # x [B, N, D], context [B, L, D], context_mask bool [B, L], rotary (cos, sin) [N, d] or None
+        x = x + self.dropout(self.attn(self.norm1(x), rotary=rotary))
         x = x + self.dropout(self.cross_attn(self.norm2(x), context, context_mask))
         return x + self.dropout(self.mlp(self.norm3(x)))  # [B, N, D]
 
@@ -98,11 +99,17 @@ class MaskTransformer(nn.Module):
             raise ValueError(f"the mask transformer was built for {self.seq_len} tokens, got {tuple(ids.shape)}")
         return self.token_embed(ids) + self.pos_embed
 
+    def rotary(self, n: int) -> tuple[Tensor, Tensor] | None:
+        """The self-attention's rotary tables (cos, sin) [N, d] for N tokens, or None: positions are absolute only
+        (a subclass may add relative ones)."""
+        return None
+
     def hidden(self, ids: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
         """ids long [B, N] in [0, K] (K = [MASK]) -> final hidden states [B, N, D] (before the head)."""
         x = self.embed_dropout(self.embed_tokens(ids))  # [B, N, D]
+        rotary = self.rotary(ids.shape[1])
         for block in self.blocks:
-            x = block(x, context, context_mask)
+            x = block(x, context, context_mask, rotary)
         return self.norm(x)  # [B, N, D]
 
     def forward(self, ids: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:

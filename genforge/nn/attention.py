@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from genforge.nn.embeddings import apply_rotary
+
 
 class Attention(nn.Module):
     """Multi-head self-attention (the ViT block that DiT keeps, Peebles & Xie 2023 §3.2): one fused qkv
@@ -26,12 +28,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """x [B, N, D] -> [B, N, D].
 
         `mask` goes to SDPA unchanged: broadcastable to [B, h, N, N]; bool (True = may attend) or
         float (added to the logits). For key padding pass `keep[:, None, None, :]`. A causal Attention takes
-        no mask.
+        no mask. `rotary`: (cos, sin) [N, d] of `rotary_tables`, applied to queries and keys (RoPE).
         """
         if self.causal and mask is not None:
             raise ValueError("a causal Attention takes no mask (SDPA's is_causal); build it with causal=False "
@@ -39,6 +41,8 @@ class Attention(nn.Module):
         b, n, dim = x.shape
         qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim)  # [B, N, 3, h, d]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, h, N, d]
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         # softmax(q kᵀ / √d) v, keys masked by `mask` or, causal, keys after the query: [B, h, N, d]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
         return self.proj(out.transpose(1, 2).reshape(b, n, dim))  # [B, N, D]

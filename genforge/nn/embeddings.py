@@ -98,6 +98,34 @@ def sincos_pos_embed_2d(dim: int, grid_h: int, grid_w: int) -> Tensor:
     return emb.reshape(grid_h * grid_w, dim).to(torch.float32)  # [N, dim]
 
 
+def rotary_tables(positions: Tensor, head_dim: int, base: float = 100.0) -> tuple[Tensor, Tensor]:
+    """cos and sin [N, head_dim] of a multi-axis rotary embedding (RoPE, Su et al. 2021) for token positions [N, A]
+    (e.g. A = 3: token frame, row, column): the head's d/2 channel pairs are split among the A axes (the first axes
+    get d/2 // A pairs each, the last the rest); pair i of an axis turns by position · base^(-i / pairs of the axis).
+    Channels in the rotate-half layout of `apply_rotary` (pair i = channels i and i + d/2)."""
+    n, axes = positions.shape
+    if head_dim % 2 or head_dim // 2 < axes:
+        raise ValueError(f"rotary positions over {axes} axes need an even head width of at least {2 * axes}, got "
+                         f"{head_dim}")
+    pairs = head_dim // 2
+    per_axis = [pairs // axes] * (axes - 1) + [pairs - (pairs // axes) * (axes - 1)]
+    angles = []
+    for axis, count in enumerate(per_axis):
+        omega = base ** (-torch.arange(count, dtype=torch.float64) / count)  # [count]
+        angles.append(positions[:, axis, None].double() * omega)  # [N, count]
+    angle = torch.cat(angles, dim=1)  # [N, d/2]
+    angle = torch.cat([angle, angle], dim=1)  # [N, d]: pair i at channels i and i + d/2
+    return angle.cos().float(), angle.sin().float()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [..., N, d] rotated pairwise by the angles of `rotary_tables` (cos, sin [N, d]): q·k then depends on the
+    positions only through their difference."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
 class PatchEmbed(nn.Module):
     """Non-overlapping p×p patches -> tokens (DiT §3.2 "Patchify"): [B, C, H, W] -> [B, (H/p)·(W/p), dim],
     tokens in row-major order. A stride-p convolution is one linear map per patch."""

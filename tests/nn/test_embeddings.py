@@ -8,6 +8,8 @@ from genforge.nn.embeddings import (
     LabelEmbedder,
     PatchEmbed,
     TimestepEmbedder,
+    apply_rotary,
+    rotary_tables,
     sincos_pos_embed_2d,
     timestep_embedding,
 )
@@ -94,3 +96,17 @@ def test_patch_embed_is_a_linear_map_per_patch():
     patch = x[:, :, 2:4, 4:6].reshape(2, -1)  # row 1, column 2 -> token 1·3 + 2
     expected = patch @ embed.proj.weight.reshape(8, -1).T + embed.proj.bias
     torch.testing.assert_close(tokens[:, 5], expected)
+
+
+def test_rotary_scores_depend_on_the_offset_only_and_keep_norms():
+    torch.manual_seed(0)
+    positions = torch.tensor([[0, 0, 0], [1, 2, 3], [5, 1, 2], [6, 3, 5], [1, 3, 3]])
+    cos, sin = rotary_tables(positions, 32)
+    q, k = torch.randn(32), torch.randn(32)
+    rq, rk = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # [5, 32] each
+    assert torch.allclose(rq.norm(dim=1), q.norm().expand(5), atol=1e-5)  # a rotation
+    assert float(rq[0] @ rk[1]) == pytest.approx(float(rq[2] @ rk[3]), abs=1e-5)  # offset (1, 2, 3) both times
+    assert float(rq[0] @ rk[1]) != pytest.approx(float(rq[0] @ rk[4]), abs=1e-3)  # offset (1, 3, 3)
+    assert torch.allclose(apply_rotary(q, *rotary_tables(torch.zeros(1, 3), 32))[0], q)  # position 0: unchanged
+    with pytest.raises(ValueError, match="even head width"):
+        rotary_tables(positions, 5)

@@ -45,9 +45,10 @@ class PhenakiConfig(MaskedTokenConfig):
         "parallel", description="parallel: MaskGIT's decoding of every token of the clip together; frames: token "
                                 "frame by token frame, each decoded with sample_steps iterations given the ones "
                                 "before it (the conditional frame_order_prob trains)")
-    position_init: Literal["normal", "sincos"] = Field(
-        "normal", description="the spatial position embeddings start as N(0, 0.02) (MaskGIT) or as the 2-D sin-cos "
-                              "of each token's place scaled to std 0.02 (neighbours start alike; learned either way)")
+    positions: Literal["absolute", "rotary"] = Field(
+        "absolute", description="absolute: learned per token of a frame + projected sin-cos of the token frame; "
+                                "rotary: those plus 3-D rotary embeddings (RoPE) of (token frame, row, column) in "
+                                "every self-attention, so attention can reach a token by its offset (motion)")
     frame_order_prob: float = Field(0.0, ge=0.0, le=1.0, description="share of training clips masked in frame "
                                     "order: a random token frame partly hidden (γ(r)), the frames before it visible, "
                                     "those after it hidden; the rest masked as MaskGIT (uniformly)")

@@ -3,10 +3,13 @@
 takes any number of token frames (an image is one token frame; a longer clip more).
 
 position(frame f, token j) = spatial[j] (learned, one per token of a frame) + W · sincos(f) (fixed sin-cos of the
-token frame, through a learned linear map, so its scale starts at the embeddings' N(0, 0.02)). `position_init`
-sincos starts spatial[j] as the 2-D sin-cos of token j's (column, row), scaled to std 0.02, instead of N(0, 0.02): a
-neighbour's position then starts similar and a shift (motion) is a linear map of it, which random positions must
-first learn (docs/phenaki.md, "Why the clips stood still").
+token frame, through a learned linear map, so its scale starts at the embeddings' N(0, 0.02)).
+
+`positions: rotary` adds relative positions where motion needs them: every self-attention turns its queries and keys
+by a 3-D rotary embedding (RoPE, Su et al. 2021) of (token frame, row, column), so q·k depends on the offset between
+two tokens, and a query whose content says "moving left" can pick "the token one to the right in the frame before"
+at every place. Absolute positions alone cannot: a condition added to the query only shifts which absolute places it
+prefers (docs/phenaki.md, "Why the clips stood still").
 
 Shapes: B batch, t token frames, h·w tokens per frame, N = t·h·w, D width.
 """
@@ -18,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from genforge.nn.embeddings import sincos_pos_embed_1d, sincos_pos_embed_2d
+from genforge.nn.embeddings import rotary_tables, sincos_pos_embed_1d
 from genforge.masked.transformer import MaskTransformer
 
 
@@ -28,24 +31,26 @@ class VideoMaskTransformer(MaskTransformer):
 
     def __init__(self, codebook_size: int, tokens_per_frame: int, width: int, depth: int, num_heads: int,
                  mlp_ratio: float = 4.0, dropout: float = 0.0, text_dim: int = 0, num_classes: int = 0,
-                 position_init: str = "normal") -> None:
+                 positions: str = "absolute") -> None:
         super().__init__(codebook_size, tokens_per_frame, width, depth, num_heads, mlp_ratio, dropout, text_dim,
                          num_classes)
-        self.tokens_per_frame, self.position_init = tokens_per_frame, position_init
+        self.tokens_per_frame = tokens_per_frame
+        self.side = math.isqrt(tokens_per_frame)
+        if positions == "rotary" and self.side**2 != tokens_per_frame:
+            raise ValueError(f"positions=rotary needs a square token grid, got {tokens_per_frame} tokens a frame")
+        self.positions = positions
         self.frame_proj = nn.Linear(width, width, bias=False)  # sin-cos of the token frame -> width
         self.initialize_weights()  # again, now that frame_proj exists
 
-    def initialize_weights(self) -> None:
-        """MaskTransformer's initialisation; with position_init=sincos, the spatial positions [1, h·w, D] from the 2-D
-        sin-cos of the (square) token grid, scaled to std 0.02."""
-        super().initialize_weights()
-        if getattr(self, "position_init", "normal") == "sincos":
-            side = math.isqrt(self.tokens_per_frame)
-            if side * side != self.tokens_per_frame:
-                raise ValueError(f"position_init=sincos needs a square token grid, got {self.tokens_per_frame} tokens")
-            grid = sincos_pos_embed_2d(self.pos_embed.shape[-1], side, side)  # [h·w, D]
-            with torch.no_grad():
-                self.pos_embed.copy_(grid[None] * (0.02 / grid.std()))
+    def rotary(self, n: int) -> tuple[Tensor, Tensor] | None:
+        """positions=rotary: (cos, sin) [N, d] of each token's (token frame, row, column), frame-major; else None."""
+        if self.positions != "rotary":
+            return None
+        index = torch.arange(n, device=self.pos_embed.device)
+        frame, place = index // self.tokens_per_frame, index % self.tokens_per_frame
+        grid = torch.stack([frame, place // self.side, place % self.side], dim=1)  # [N, 3]
+        head_dim = self.blocks[0].attn.head_dim
+        return tuple(t.to(self.pos_embed.device) for t in rotary_tables(grid, head_dim))
 
     def embed_tokens(self, ids: Tensor) -> Tensor:
         """ids long [B, t·h·w] (frame-major) -> token + factorised position embeddings [B, N, D]."""

@@ -41,7 +41,7 @@ class PhenakiTask(MaskedTokenTask):
     def make_transformer(self, width: int, depth: int, num_heads: int, text_dim: int) -> VideoMaskTransformer:
         return VideoMaskTransformer(self.codebook_size, self.grid**2, width, depth, num_heads, self.cfg.mlp_ratio,
                                     self.cfg.dropout, text_dim=text_dim, num_classes=self.num_classes,
-                                    position_init=self.cfg.position_init)
+                                    positions=self.cfg.positions)
 
     def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
         """[n, t, h, w] for clips of `frames` frames (default data.video.num_frames): 1 + (frames − 1) / temporal

@@ -30,6 +30,7 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch
 from genforge.families.phenaki.model import VideoMaskTransformer
 from genforge.families.phenaki.task import PhenakiTask
+from genforge.nn.embeddings import apply_rotary
 from genforge.tokenizers.standins import ColourQuantizerCodec
 
 runner = CliRunner()
@@ -65,19 +66,26 @@ def test_positions_tell_token_frames_apart_and_take_any_length():
         model.embed_tokens(torch.zeros(1, 6, dtype=torch.long))
 
 
-def test_sincos_position_init_starts_neighbours_alike():
-    model = VideoMaskTransformer(codebook_size=16, tokens_per_frame=64, width=32, depth=1, num_heads=2,
-                                 position_init="sincos")
-    pos = model.pos_embed[0].detach().view(8, 8, 32)  # [row, column, D]
-    assert abs(float(pos.std()) - 0.02) < 1e-4  # the scale of MaskGIT's N(0, 0.02) start
-    cos = torch.nn.functional.cosine_similarity
-    near, far = cos(pos[3, 3], pos[3, 4], dim=0), cos(pos[3, 3], pos[3, 7], dim=0)
-    assert near > 0.9 and near > far + 0.1  # a shifted token starts close to its neighbour, far from a distant one
-    random = VideoMaskTransformer(codebook_size=16, tokens_per_frame=64, width=32, depth=1, num_heads=2)
-    assert abs(float(cos(random.pos_embed[0, 27], random.pos_embed[0, 28], dim=0))) < 0.6
+def test_rotary_positions_make_attention_see_offsets_between_tokens():
+    torch.manual_seed(0)
+    model = VideoMaskTransformer(codebook_size=16, tokens_per_frame=16, width=32, depth=1, num_heads=2,
+                                 positions="rotary")
+    cos, sin = model.rotary(3 * 16)  # [N, d] for 3 token frames of 4×4
+    assert cos.shape == (48, 16) and torch.allclose(cos**2 + sin**2, torch.ones_like(cos))
+    q, k = torch.randn(16), torch.randn(16)
+    score = lambda i, j: float((apply_rotary(q, cos[i], sin[i]) * apply_rotary(k, cos[j], sin[j])).sum())
+    # token (frame 0, row 1, column 2) to (frame 1, row 1, column 1): the same offset wherever it is taken
+    assert score(0 * 16 + 1 * 4 + 2, 1 * 16 + 1 * 4 + 1) == pytest.approx(score(1 * 16 + 2 * 4 + 3, 2 * 16 + 2 * 4 + 2),
+                                                                          abs=1e-5)
+    assert score(6, 21) != pytest.approx(score(6, 22), abs=1e-3)  # another offset, another score
+    ids = torch.randint(0, 16, (2, 48))
+    context, context_mask = model.context(torch.zeros(2, dtype=torch.bool))
+    absolute = VideoMaskTransformer(codebook_size=16, tokens_per_frame=16, width=32, depth=1, num_heads=2)
+    absolute.load_state_dict(model.state_dict())  # the same weights: rotary adds no parameter
+    assert absolute.rotary(48) is None
+    assert not torch.allclose(model(ids, context, context_mask), absolute(ids, context, context_mask))
     with pytest.raises(ValueError, match="square token grid"):
-        VideoMaskTransformer(codebook_size=16, tokens_per_frame=6, width=32, depth=1, num_heads=2,
-                             position_init="sincos")
+        VideoMaskTransformer(codebook_size=16, tokens_per_frame=6, width=32, depth=1, num_heads=2, positions="rotary")
 
 
 def test_sampled_clips_have_the_asked_number_of_frames():
