@@ -114,3 +114,8 @@ def test_data_moving_shapes_writes_a_video_folder(tmp_path):
     assert len(list((tmp_path / "m").rglob("*.mp4"))) == 4 and "data.source=video_folder" in out.output
     bad = runner.invoke(app, ["data", "moving_shapes", "--out", str(tmp_path / "x"), "--format", "avi"])
     assert bad.exit_code == 2 and "avi" in bad.output
+    centred = runner.invoke(app, ["data", "moving_shapes", "--out", str(tmp_path / "c"), "--n", "2", "--image-size",
+                                  "16", "--frames", "3", "--paths", "from_centre"])
+    assert centred.exit_code == 0 and len(list((tmp_path / "c").rglob("*.gif"))) == 2, centred.output
+    bad = runner.invoke(app, ["data", "moving_shapes", "--out", str(tmp_path / "x"), "--paths", "anywhere"])
+    assert bad.exit_code == 2 and "anywhere" in bad.output

@@ -71,6 +71,7 @@ BAD = [
     (["data.source=ftp"], "data.source"),
     (["data.source=folder"], "data.path"),
     (["data.shapes.min_shapes=3", "data.shapes.max_shapes=1"], "min_shapes"),
+    (["data.shapes.paths=anywhere"], "data.shapes.paths"),
     (["data.val_fraction=1.0"], "data.val_fraction"),
     (["model.family=gan"], "model"),
     (["model.size=M/3"], "model.size"),
