@@ -162,8 +162,8 @@ def write_moving_shapes_shards(out: str | Path, n: int, image_size: int, num_fra
 
 
 class MovingShapesSource(DataSource):
-    """`data.source: moving_shapes`: rendered on the fly (`data.shapes.n`, `.seed`, `.textured_fraction`, `.paths`; clip length
-    `data.video.num_frames`); the held-out split is another seed."""
+    """`data.source: moving_shapes`: rendered on the fly (`data.shapes.n`, `.seed`, `.textured_fraction`, `.paths`;
+    clip length `data.video.num_frames`); the held-out split is another seed."""
 
     name = "moving_shapes"
     field = "video"

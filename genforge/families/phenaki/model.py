@@ -39,6 +39,7 @@ class VideoMaskTransformer(MaskTransformer):
         if positions == "rotary" and self.side**2 != tokens_per_frame:
             raise ValueError(f"positions=rotary needs a square token grid, got {tokens_per_frame} tokens a frame")
         self.positions = positions
+        self.rotary_cache: dict[tuple[int, str], tuple[Tensor, Tensor]] = {}  # (N, device) -> tables: not per call
         self.frame_proj = nn.Linear(width, width, bias=False)  # sin-cos of the token frame -> width
         self.initialize_weights()  # again, now that frame_proj exists
 
@@ -46,11 +47,15 @@ class VideoMaskTransformer(MaskTransformer):
         """positions=rotary: (cos, sin) [N, d] of each token's (token frame, row, column), frame-major; else None."""
         if self.positions != "rotary":
             return None
-        index = torch.arange(n, device=self.pos_embed.device)
-        frame, place = index // self.tokens_per_frame, index % self.tokens_per_frame
-        grid = torch.stack([frame, place // self.side, place % self.side], dim=1)  # [N, 3]
-        head_dim = self.blocks[0].attn.head_dim
-        return tuple(t.to(self.pos_embed.device) for t in rotary_tables(grid, head_dim))
+        device = self.pos_embed.device
+        key = (n, str(device))
+        if key not in self.rotary_cache:
+            index = torch.arange(n)
+            frame, place = index // self.tokens_per_frame, index % self.tokens_per_frame
+            grid = torch.stack([frame, place // self.side, place % self.side], dim=1)  # [N, 3]
+            cos, sin = rotary_tables(grid, self.blocks[0].attn.head_dim)  # float64 maths on the CPU, once
+            self.rotary_cache[key] = (cos.to(device), sin.to(device))
+        return self.rotary_cache[key]
 
     def embed_tokens(self, ids: Tensor) -> Tensor:
         """ids long [B, t·h·w] (frame-major) -> token + factorised position embeddings [B, N, D]."""
