@@ -18,7 +18,7 @@ With `--primed`, also the continuation of primed clips (`sample --prime`): each 
 to the next direction (left→right→up→down→left); the motion check (genforge.eval.motion) of the frames from the
 last primed one on says whether the continuation goes the prompt's way.
 
-    python benchmarks/phenaki_probe.py runs/phenaki-moving-shapes [--n 128] [--threads 2] [--primed]
+    python benchmarks/phenaki_probe.py runs/phenaki-moving-shapes [--n 128] [--threads 2] [--primed] [--cfg-scale 2]
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--primed", action="store_true", help="also the direction of primed continuations")
+    parser.add_argument("--cfg-scale", type=float, default=None,
+                        help="guidance of the primed continuations (default: the run's model.cfg_scale)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_run(args.run_dir)
@@ -99,13 +101,13 @@ def main() -> None:
     print(f"  log p(still) - log p(real motion): mean {gap.mean():+.1f} nats, clips preferring still "
           f"{(gap > 0).float().mean():.3f}")
     if args.primed:
-        primed_directions(task, samples, args.batch)
+        primed_directions(task, samples, args.batch, args.cfg_scale)
 
 
 @torch.no_grad()
-def primed_directions(task, samples: list[dict], batch_size: int) -> None:
+def primed_directions(task, samples: list[dict], batch_size: int, cfg_scale: float | None = None) -> None:
     """Direction accuracy of continuations primed with each clip's first 3 frames, prompted with its own direction
-    and with the next one."""
+    and with the next one, decoded with guidance `cfg_scale` (None: the run's)."""
     for shift, name in ((0, "own caption"), (1, "next direction")):
         right, still = [], []
         for start in range(0, len(samples), batch_size):
@@ -113,7 +115,8 @@ def primed_directions(task, samples: list[dict], batch_size: int) -> None:
             wanted = (batch["direction"].long() + shift) % len(DIRECTIONS)
             texts = [with_direction(t, DIRECTIONS[d]) for t, d in zip(batch["text"], wanted.tolist())]
             gen = torch.Generator().manual_seed(start)
-            video = task.sample({"text": texts}, gen, len(texts), prime=batch["video"][:, :, :3])  # [B, C, T, H, W]
+            video = task.sample({"text": texts}, gen, len(texts), prime=batch["video"][:, :, :3],
+                                cfg_scale=cfg_scale)  # [B, C, T, H, W]
             found = motion_direction(video[:, :, 2:])  # from the last primed frame on
             right.append(found == wanted)
             still.append(found == STILL)
