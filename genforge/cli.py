@@ -360,8 +360,8 @@ def evaluate(
         return
     out = write_eval_results(run_dir, run.step, results)
     for key, value in results.items():
-        if isinstance(value, list):
-            value = f"{len(value)} values, in the JSON"
+        if isinstance(value, list):  # e.g. judge_kind_by_frame (a value per frame); a histogram stays in the JSON
+            value = " ".join(f"{v:.4g}" for v in value) if len(value) <= 16 else f"{len(value)} values, in the JSON"
         typer.echo(f"{key:>16}: {value:.4f}" if isinstance(value, float) else f"{key:>16}: {value}")
     typer.echo(f"wrote {out}")
 

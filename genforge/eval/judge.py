@@ -77,6 +77,13 @@ def prediction_report(preds: Tensor, labels: Tensor) -> dict[str, float]:
     }
 
 
+def kind_by_frame(preds: Tensor, labels: Tensor) -> list[float]:
+    """For clips: the share of clips whose frame t shows the requested kind, for each t (preds [N, T], labels [N]);
+    says whether outlines are lost as a clip goes on or are wrong from its first frame."""
+    kinds = preds // len(COLORS) == (labels // len(COLORS))[:, None]  # [N, T]
+    return [round(v, 4) for v in kinds.double().mean(0).tolist()]
+
+
 def train_judge(image_size: int = JUDGE_SIZE, steps: int = 500, batch_size: int = 128, seed: int = 0,
                 train_images: int = 12_000, heldout_images: int = HELDOUT_IMAGES) -> tuple[ShapesJudge, float]:
     """Train with AdamW on `train_images` pre-rendered samples (random flips, some batches blurred through a

@@ -30,7 +30,7 @@ from genforge.data.video import clip_frames
 from genforge.eval.embedding_metrics import prior_similarities, retrieval_recall, zero_shot_accuracy
 from genforge.nn.features import I3DFeatures, InceptionFeatures, InceptionLogits
 from genforge.nn.perceptual import PerceptualLoss
-from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
+from genforge.eval.judge import judge_predictions, kind_by_frame, load_or_train_judge, prediction_report
 from genforge.eval.motion import STILL, motion_direction
 from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats
 from genforge.eval.tokenizer_metrics import CodebookUsage, psnr, ssim
@@ -196,7 +196,7 @@ class Judge(SampleMetric):
             return prediction_report(rows, labels)
         frames = prediction_report(rows.flatten(), labels.repeat_interleave(rows.shape[1]))
         return {**frames, "judge_clip_accuracy": (rows.mode(dim=1).values == labels).double().mean().item(),
-                "judge_frames": rows.shape[1]}
+                "judge_frames": rows.shape[1], "judge_kind_by_frame": kind_by_frame(rows, labels)}
 
 
 class Direction(SampleMetric):
@@ -412,11 +412,13 @@ class ReconstructionJudge(ReconstructionMetric):
 
     def update(self, state: Any, images: Tensor, codes: Tensor, recon: Tensor, held: Batch) -> None:
         labels = held["label"]
-        state["preds"].append(judge_predictions(state["judge"], recon).cpu())
-        state["labels"].append(labels.repeat_interleave(len(recon) // len(labels)))  # each clip's label per frame
+        state["preds"].append(judge_predictions(state["judge"], recon).cpu().view(len(labels), -1))  # [b, T]
+        state["labels"].append(labels.cpu())
 
     def compute(self, state: Any) -> dict[str, Any]:
-        return prediction_report(torch.cat(state["preds"]), torch.cat(state["labels"]))
+        preds, labels = torch.cat(state["preds"]), torch.cat(state["labels"])  # [N, T] (images: T = 1), [N]
+        report = prediction_report(preds.flatten(), labels.repeat_interleave(preds.shape[1]))
+        return {**report, "judge_kind_by_frame": kind_by_frame(preds, labels)} if preds.shape[1] > 1 else report
 
 
 class ReconstructionDirection(ReconstructionMetric):

@@ -3,7 +3,8 @@ import torch
 
 from genforge.data.shapes import render_batch
 from genforge.eval import judge as judge_module
-from genforge.eval.judge import ShapesJudge, judge_accuracy, judge_report, load_judge, load_or_train_judge, save_judge, train_judge
+from genforge.eval.judge import (ShapesJudge, judge_accuracy, judge_report, kind_by_frame, load_judge, load_or_train_judge,
+                                  save_judge, train_judge)
 
 
 def test_quick_judge_beats_chance_and_round_trips(tmp_path):
@@ -63,3 +64,10 @@ def test_judge_report_splits_kind_and_colour():
     # 5 = (square, green): exact; 4 = (square, red): kind only; 1 = (circle, green): colour only; 0: neither
     report = judge_report(Fixed(), images, torch.tensor([5, 4, 1, 0]))
     assert report == {"judge_accuracy": 0.25, "judge_kind_accuracy": 0.5, "judge_colour_accuracy": 0.5}
+
+
+def test_kind_by_frame_is_the_kind_share_of_each_frame():
+    labels = torch.tensor([5, 8])  # (square, green), (triangle, red)
+    preds = torch.tensor([[5, 4, 0],  # kind right, right (red square), wrong
+                          [9, 1, 8]])  # kind right (green triangle), wrong, right
+    assert kind_by_frame(preds, labels) == [1.0, 0.5, 0.5]

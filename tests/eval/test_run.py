@@ -133,6 +133,8 @@ def test_reconstruction_judge_and_direction_of_a_video_tokenizer():
     exact = evaluate_tokenizer(ClipCodec(keep=True), metrics, ctx, batch_size=10)  # batches of 10, 10, 4 clips
     assert exact["n"] == 24 and exact["direction_accuracy"] == 1.0 and exact["direction_still"] == 0.0
     assert exact["judge_accuracy"] > 0.8  # the judge reads real frames
+    by_frame = exact["judge_kind_by_frame"]  # the kind's share in each of the 5 frames, averaging to the whole
+    assert len(by_frame) == 5 and sum(by_frame) / 5 == pytest.approx(exact["judge_kind_accuracy"], abs=1e-3)
     flat = evaluate_tokenizer(ClipCodec(keep=False), metrics, ctx, batch_size=10)
     assert flat["direction_still"] == 1.0 and flat["direction_accuracy"] == 0.0
     assert flat["judge_accuracy"] < 0.5 * exact["judge_accuracy"]

@@ -259,6 +259,8 @@ def test_train_sample_and_evaluate_clips(tmp_path, monkeypatch):
     out = runner.invoke(app, ["eval", str(run), "--metrics", "judge,direction", "--n", "4"])
     assert out.exit_code == 0, out.output
     assert "judge_clip_accuracy" in out.output and "direction_accuracy" in out.output
+    (by_frame,) = [line for line in out.output.splitlines() if "judge_kind_by_frame" in line]
+    assert len(by_frame.split(":")[1].split()) == 5  # the kind's share in each of the 5 frames, printed
     monkeypatch.setattr(metrics_module, "feature_network", lambda device: TinyFeatures())
     out = runner.invoke(app, ["eval", str(run), "--metrics", "fid", "--n", "4"])  # per frame: 4 clips of 5 frames
     assert out.exit_code == 0 and "ref_n: 20" in out.output and "fid:" in out.output, out.output
