@@ -33,6 +33,12 @@ class MaskedSampleOptions(SampleOptions):
 
     critic: bool | None = Field(None, description="with a token critic (model.critic): decode with it or not "
                                                   "(default: model.critic.sample)", json_schema_extra={"eval": True})
+    temperature: float | None = Field(None, gt=0.0, description="softmax temperature of the sampled tokens "
+                                                             "(default: model.temperature)", json_schema_extra={"eval": True})
+    choice_temperature: float | None = Field(None, ge=0.0, description="Gumbel noise on the confidences that choose "
+                                                                      "which tokens to keep (default: "
+                                                                      "model.choice_temperature)",
+                                             json_schema_extra={"eval": True})
 
 
 class MaskedTokenConfig(FamilyConfig):

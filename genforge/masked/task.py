@@ -242,7 +242,9 @@ class MaskedTokenTask(Task):
         cfg_scale = opts.get("cfg_scale") or c.cfg_scale
         settings = {"sampler": "maskgit", "steps": opts.get("steps") or c.sample_steps,
                     "cfg_scale": cfg_scale if c.conditioning != "none" else 1.0,
-                    "temperature": c.temperature, "choice_temperature": c.choice_temperature,
+                    "temperature": c.temperature if opts.get("temperature") is None else opts["temperature"],
+                    "choice_temperature": (c.choice_temperature if opts.get("choice_temperature") is None
+                                           else opts["choice_temperature"]),
                     "mask_schedule": c.mask_schedule}
         if opts.get("negative_prompt"):
             settings["negative_prompt"] = opts["negative_prompt"]
@@ -288,7 +290,7 @@ class MaskedTokenTask(Task):
 
         def run(start: Tensor | None, generate: Tensor | None) -> Tensor:
             return decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,
-                          temperature=self.cfg.temperature, choice_temperature=self.cfg.choice_temperature,
+                          temperature=s["temperature"], choice_temperature=s["choice_temperature"],
                           schedule=self.cfg.mask_schedule, initial=start, critic=critic_fn,
                           critic_noise=s.get("critic_noise", 0.0), generate=generate)
 

@@ -115,6 +115,25 @@ def test_sampling_guides_the_logits_with_the_unconditional_or_negative_branch(mo
     torch.testing.assert_close(guided_logits(c, u, 1.0), c)
 
 
+def test_decoding_temperatures_come_from_the_options_or_the_config(monkeypatch):
+    _, task, _ = _task_and_batch()
+    task.eval()
+    seen = []
+    real_decode = task_module.decode
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["temperature"], kwargs["choice_temperature"]))
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(task_module, "decode", spy)
+    gen = torch.Generator().manual_seed(0)
+    cond = task.sample_conditions(2, gen, prompt="a large red circle")
+    task.sample(cond, gen, 2)  # the config's: model.temperature 1.0, model.choice_temperature 4.5
+    task.sample(cond, gen, 2, temperature=0.5, choice_temperature=0.0)  # --temperature 0.5 --choice-temperature 0
+    assert seen == [(task.cfg.temperature, task.cfg.choice_temperature), (0.5, 0.0)]
+    assert task.sampler_settings(temperature=0.5, choice_temperature=0.0)["choice_temperature"] == 0.0  # recorded
+
+
 def test_heldout_prompts_carry_their_labels_for_the_judge():
     _, task, _ = _task_and_batch()
     cond = task.sample_conditions(6, torch.Generator().manual_seed(0))
