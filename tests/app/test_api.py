@@ -78,7 +78,8 @@ def test_sample_draws_what_genforge_sample_draws(demo, tmp_path):
     ({"frames": 9}, "frames does not apply to a 'diffusion' model (it is an option of phenaki models)"),
     ({"image": torch.zeros(1, 3, 16, 16)}, "image does not apply to a 'diffusion' model"),
     ({"critic": False}, "critic does not apply to a 'diffusion' model"),
-    ({"temperature": 2.0}, "temperature: no such sample option; those of 'diffusion' models: none"),
+    ({"temperature": 2.0}, "temperature does not apply to a 'diffusion' model (it is an option of maskgit, phenaki"),
+    ({"guidance": 2.0}, "guidance: no such sample option; those of 'diffusion' models: none"),
     ({"steps": 0}, "steps 0: Input should be greater than or equal to 1"),
     ({"cfg_scale": float("inf")}, "cfg_scale inf:"),
     ({"label": 99}, "--label 99: allowed 0..15"),  # the task's own check
