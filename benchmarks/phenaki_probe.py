@@ -13,12 +13,23 @@ is masked. The generator's logits at the masked positions (conditional, no guida
 - `still vs moving`: log p(the first token frame copied into every later frame) − log p(the real later frames),
   per clip, under the true caption; positive means the generator prefers a still clip to the real motion.
 
+With `--kind`, where the kind (the shape's outline) is lost (docs/phenaki.md, "What limits the kind"):
+
+- `kind from ce`: every token masked, the first token frame's real tokens scored under the clip's caption and under
+  it with each other kind word; share of clips whose own kind gives the lowest cross-entropy (chance 0.25): does
+  the generator read the kind word at all?
+- the shapes judge's kind frame by frame (`judge_kind_by_frame`) of the clips generated from the caption, of clips
+  primed with the clip's real first frame (the first token frame given, the rest generated), and of the tokenizer's
+  reconstructions (the ceiling); with the kind of the later frames given a first frame of the right kind and of a
+  wrong one: does the continuation carry an outline it is given?
+
 With `--primed`, also the continuation of primed clips (`sample --prime`): each held-out clip's first 3 frames
 (two token frames) prime a clip of the training length, prompted with its own caption and with the caption turned
 to the next direction (left→right→up→down→left); the motion check (genforge.eval.motion) of the frames from the
 last primed one on says whether the continuation goes the prompt's way.
 
-    python benchmarks/phenaki_probe.py runs/phenaki-moving-shapes [--n 128] [--threads 2] [--primed] [--cfg-scale 2]
+    python benchmarks/phenaki_probe.py runs/phenaki-moving-shapes [--n 128] [--threads 2] [--primed] [--kind]
+        [--cfg-scale 2]
 """
 
 from __future__ import annotations
@@ -28,17 +39,25 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from genforge.app.runs import load_run
 from genforge.data.base import collate
 from genforge.data.loader import heldout_samples
 from genforge.data.moving_shapes import DIRECTIONS
+from genforge.data.shapes import COLORS, KINDS
+from genforge.eval.judge import judge_predictions, kind_by_frame, load_or_train_judge
 from genforge.eval.motion import STILL, motion_direction
 
 
 def with_direction(caption: str, direction: str) -> str:
     """The caption with its motion word replaced ("... moving left" -> "... moving up")."""
     return caption.rsplit("moving ", 1)[0] + f"moving {direction}"
+
+
+def with_kind(caption: str, kind: str) -> str:
+    """The caption with its kind word replaced ("a red circle moving left" -> "a red cross moving left")."""
+    return " ".join(kind if word in KINDS else word for word in caption.split(" "))
 
 
 @torch.no_grad()
@@ -49,8 +68,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--primed", action="store_true", help="also the direction of primed continuations")
+    parser.add_argument("--kind", action="store_true", help="also where the kind (outline) is lost")
     parser.add_argument("--cfg-scale", type=float, default=None,
-                        help="guidance of the primed continuations (default: the run's model.cfg_scale)")
+                        help="guidance of the primed continuations and of --kind's clips (default: the run's "
+                        "model.cfg_scale)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_run(args.run_dir)
@@ -102,6 +123,8 @@ def main() -> None:
           f"{(gap > 0).float().mean():.3f}")
     if args.primed:
         primed_directions(task, samples, args.batch, args.cfg_scale)
+    if args.kind:
+        kind_probe(task, samples, args.batch, args.cfg_scale)
 
 
 @torch.no_grad()
@@ -122,6 +145,47 @@ def primed_directions(task, samples: list[dict], batch_size: int, cfg_scale: flo
             still.append(found == STILL)
         print(f"  primed with 3 frames, {name}: direction right {torch.cat(right).float().mean():.3f}, "
               f"still {torch.cat(still).float().mean():.3f}")
+
+
+@torch.no_grad()
+def kind_probe(task, samples: list[dict], batch_size: int, cfg_scale: float | None = None) -> None:
+    """Whether the generator reads the kind word (cross-entropy of the first token frame under each kind), and the
+    judge's kind frame by frame of generated, first-frame-primed and reconstructed clips."""
+    judge, per_frame = load_or_train_judge(), task.grid**2
+    right, labels = [], []
+    preds: dict[str, list[Tensor]] = {"generated from the caption": [], "primed with the real first frame": [],
+                                      "the tokenizer's reconstructions": []}
+    for start in range(0, len(samples), batch_size):
+        batch = collate(samples[start : start + batch_size])
+        codes = task.token_codec.encode(batch["video"])  # [B, t, h, w]
+        ids = codes.flatten(1)  # [B, N]
+        inputs, keep = torch.full_like(ids, task.model.mask_id), torch.zeros(len(ids), dtype=torch.bool)
+        ce = []
+        for kind in KINDS:
+            context, context_mask = task.context({"text": [with_kind(t, kind) for t in batch["text"]]}, keep)
+            logits = task.model(inputs, context, context_mask)[:, :per_frame].float()  # [B, h*w, K]
+            ce.append(F.cross_entropy(logits.transpose(1, 2), ids[:, :per_frame], reduction="none").mean(1))  # [B]
+        right.append(torch.stack(ce, 1).argmin(1) == batch["label"] // len(COLORS))
+        texts = list(batch["text"])
+        clips = {"generated from the caption": task.sample({"text": texts}, torch.Generator().manual_seed(start),
+                                                           len(texts), cfg_scale=cfg_scale),
+                 "primed with the real first frame": task.sample({"text": texts}, torch.Generator().manual_seed(start),
+                                                                 len(texts), prime=batch["video"][:, :, :1],
+                                                                 cfg_scale=cfg_scale),
+                 "the tokenizer's reconstructions": task.token_codec.decode(codes).clamp(-1, 1)}
+        for name, video in clips.items():  # [B, C, T, H, W] -> the judge's class of every frame [B, T]
+            b, c, t, h, w = video.shape
+            preds[name].append(judge_predictions(judge, video.transpose(1, 2).reshape(b * t, c, h, w)).view(b, t))
+        labels.append(batch["label"])
+    labels = torch.cat(labels)
+    print(f"  kind from ce (first token frame, every token masked): {torch.cat(right).float().mean():.3f} "
+          "(chance 0.25)")
+    for name, rows in preds.items():
+        rows = torch.cat(rows)
+        kind = rows // len(COLORS) == (labels // len(COLORS))[:, None]  # [N, T]
+        later, first = kind[:, 1:].float().mean(1), kind[:, 0]
+        print(f"  {name}: kind by frame {kind_by_frame(rows, labels)}; later frames' kind when the first frame's "
+              f"is right {later[first].mean():.3f} ({int(first.sum())} clips), wrong {later[~first].mean():.3f}")
 
 
 if __name__ == "__main__":
