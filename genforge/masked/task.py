@@ -9,7 +9,7 @@ loss."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,14 @@ from genforge.tokenizers.standins import build_standin
 
 
 DecodeRun = Callable[[Tensor | None, Tensor | None], Tensor]  # (start ids [n, N], positions [N] to decode) -> ids
+
+
+class TrainingMasks(NamedTuple):
+    """What a training step hides and scores."""
+
+    hidden: Tensor  # bool [B, N]: positions shown to the transformer as [MASK]
+    targets: Tensor  # bool [B, N]: positions the cross-entropy scores (a subset of `hidden`)
+    total: Tensor  # targets of the whole global batch: the loss's denominator
 
 
 class MaskedTokenTask(Task):
@@ -155,17 +163,18 @@ class MaskedTokenTask(Task):
         ids = self.to_tokens(batch)  # [B, N]
         rng = batch["rng"]
         real = self.global_real_positions(batch, ids.shape[1])  # [G, N] or None: no padding
-        mask, masked_total = self.training_masks(rng, ids.shape[1], real)
+        masks = self.training_masks(rng, ids.shape[1], real)
         drop = rng.rand() < self.cfg.cond_dropout_prob  # [B]: unconditional rows (classifier-free guidance)
         context, context_mask = self.context(batch, drop)
-        shown = ids.masked_fill(mask if real is None else mask | ~rng.rows(real), self.model.mask_id)  # padding too
+        hide = masks.hidden if real is None else masks.hidden | ~rng.rows(real)  # padding too
+        shown = ids.masked_fill(hide, self.model.mask_id)
         hidden = self.model.hidden(shown, context, context_mask)  # [B, N, D]
-        logits = self.model.head(hidden[mask])  # only the masked positions: [M, K]
-        targets = ids[mask]  # [M]
+        logits = self.model.head(hidden[masks.targets])  # only the scored positions: [M, K]
+        targets = ids[masks.targets]  # [M]
         ce = F.cross_entropy(logits.float(), targets, reduction="sum", label_smoothing=self.cfg.label_smoothing)
-        loss = ce * (rng.global_size / rng.size) / masked_total
+        loss = ce * (rng.global_size / rng.size) / masks.total
         with torch.no_grad():
-            logs = {"ce": ce.detach() / mask.sum(), "masked": mask.float().mean(),
+            logs = {"ce": ce.detach() / masks.targets.sum(), "masked": masks.hidden.float().mean(),
                     "accuracy": (logits.argmax(-1) == targets).float().mean()}
         return loss, logs
 
@@ -176,15 +185,17 @@ class MaskedTokenTask(Task):
             return None
         return self.real_positions(global_rows(batch, "frame_mask"), n)
 
-    def training_masks(self, rng: BatchRandom, n: int, real: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """The positions hidden in training, bool [B, N] (True = hidden), and how many the whole global batch hides
-        (the loss's denominator): MaskGIT's ⌈γ(r)·N⌉ uniformly random positions per sample. `real` bool [G, N]: the
-        real positions of every sample of the step (clips with padding): ⌈γ(r)·N_real⌉ of those alone."""
+    def training_masks(self, rng: BatchRandom, n: int, real: Tensor | None = None) -> TrainingMasks:
+        """The positions hidden in training and scored (here the same, bool [B, N], True = hidden), and how many the
+        whole global batch scores (the loss's denominator): MaskGIT's ⌈γ(r)·N⌉ uniformly random positions per
+        sample. `real` bool [G, N]: the real positions of every sample of the step (clips with padding): ⌈γ(r)·N_real⌉
+        of those alone."""
         r_all = rng.rand_global()  # [G]: the mask ratio draw of every sample of the step
         counted = n if real is None else real.sum(1)  # positions per sample that may be hidden
         masked_total = hidden_count(r_all, counted, self.cfg.mask_schedule).sum()  # every masked token of the step
         real_rows = None if real is None else rng.rows(real)
-        return training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule, real_rows), masked_total
+        mask = training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule, real_rows)
+        return TrainingMasks(mask, mask, masked_total)
 
     def critic_loss(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Token-Critic (Lezama et al. 2022, §3.2, eq. 4): mask ids as in training (γ(r)·N random positions),

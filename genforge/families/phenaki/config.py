@@ -52,9 +52,14 @@ class PhenakiConfig(MaskedTokenConfig):
     frame_order_prob: float = Field(0.0, ge=0.0, le=1.0, description="share of training clips masked in frame "
                                     "order: a random token frame partly hidden (γ(r)), the frames before it visible, "
                                     "those after it hidden; the rest masked as MaskGIT (uniformly)")
+    frame_order_loss: Literal["all", "frame"] = Field(
+        "all", description="the tokens a frame-ordered clip scores: all: every hidden one, the later token frames "
+                           "too (predicted from an unfinished frame); frame: only the hidden tokens of the frame being "
+                           "decoded, the later frames hidden as when decoding and not scored (the conditional "
+                           "decode_order=frames samples, alone)")
 
     may_change_on_resume: ClassVar[frozenset[str]] = MaskedTokenConfig.may_change_on_resume | frozenset(
-        {"decode_order", "frame_order_prob"})
+        {"decode_order", "frame_order_prob", "frame_order_loss"})
 
     def check_data(self, data: DataConfig) -> None:
         if data.source == "cache" and self.tokens.codec != "tokenizer":

@@ -124,18 +124,30 @@ def test_story_mode_continues_each_clip_from_the_re_encoded_end_of_the_last(monk
         task.sample_conditions(2, torch.Generator(), story=story, prompt="a red circle")
 
 
-def test_frame_ordered_training_masks_count_what_they_hide_over_the_global_batch():
-    task = task_of("model.frame_order_prob=0.5")
+@pytest.mark.parametrize("loss", ["all", "frame"])
+def test_frame_ordered_training_masks_count_what_they_score_over_the_global_batch(loss):
+    task = task_of("model.frame_order_prob=0.5", f"model.frame_order_loss={loss}")
     t, p = 3, 64
     rng = BatchRandom(0, 0, 0, 8, 0, 8)  # one process: the global batch is the micro-batch
-    mask, total = task.training_masks(rng, t * p)
-    assert mask.shape == (8, t * p) and int(total) == int(mask.sum())
-    frames = mask.view(8, t, p)
-    ordered = [row for row in frames if row[-1].all() or not row[0].any()]  # frame-ordered rows hide a suffix
+    hidden, targets, total = task.training_masks(rng, t * p)
+    assert hidden.shape == (8, t * p) and int(total) == int(targets.sum()) and not (targets & ~hidden).any()
+    frames, scored = hidden.view(8, t, p), targets.view(8, t, p)
+    ordered = [i for i, row in enumerate(frames) if row[-1].all() or not row[0].any()]  # they hide a suffix
     assert ordered, "with probability 0.5 some of 8 rows are frame-ordered"
+    for i in ordered:
+        decoded = int(frames[i].any(-1).long().argmax())  # the first frame with a hidden token
+        if loss == "all":
+            assert torch.equal(scored[i], frames[i])
+        else:  # only the decoded frame is scored; the later ones are hidden, as when decoding
+            assert torch.equal(scored[i][decoded], frames[i][decoded]) and not scored[i][decoded + 1 :].any()
+            assert frames[i][decoded + 1 :].all()
+    uniform = [i for i in range(8) if i not in ordered]
+    assert all(torch.equal(scored[i], frames[i]) for i in uniform)
     halves = [BatchRandom(0, 0, 0, 8, off, 4) for off in (0, 4)]  # two processes of 4: the same masks and total
     parts = [task.training_masks(h, t * p) for h in halves]
-    assert torch.equal(torch.cat([m for m, _ in parts]), mask) and all(int(c) == int(total) for _, c in parts)
+    assert torch.equal(torch.cat([m.hidden for m in parts]), hidden)
+    assert torch.equal(torch.cat([m.targets for m in parts]), targets) and all(int(m.total) == int(total)
+                                                                               for m in parts)
 
 
 def test_decoding_token_frames_in_order_decodes_each_frame_given_the_earlier_ones(monkeypatch):
@@ -372,21 +384,23 @@ def loss_and_grads(task, video, frame_mask):
     return loss.detach(), {n: p.grad.clone() for n, p in task.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("frame_order_prob", [0.0, 0.5])
-def test_padded_token_frames_are_never_targets_never_seen_and_never_counted(frame_order_prob):
-    task = task_of("data.video.min_frames=1", f"model.frame_order_prob={frame_order_prob}")
+@pytest.mark.parametrize("frame_order_prob,frame_order_loss", [(0.0, "all"), (0.5, "all"), (0.5, "frame")])
+def test_padded_token_frames_are_never_targets_never_seen_and_never_counted(frame_order_prob, frame_order_loss):
+    task = task_of("data.video.min_frames=1", f"model.frame_order_prob={frame_order_prob}",
+                   f"model.frame_order_loss={frame_order_loss}")
     n, p = 3 * 64, 64
     real = task.real_positions(FRAME_MASK, n)  # [4, N]: a token frame with a padded video frame is padding
     assert real.view(4, 3, p).all(-1).sum(1).tolist() == [3, 2, 1, 1] and torch.equal(real.view(4, 3, p).any(-1),
                                                                                         real.view(4, 3, p).all(-1))
-    mask, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 4), n, real)
-    assert not (mask & ~real).any() and (mask.sum(1) > 0).all() and int(total) == int(mask.sum())
+    mask, targets, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 4), n, real)
+    assert not (mask & ~real).any() and (targets.sum(1) > 0).all() and int(total) == int(targets.sum())
     halves = [task.training_masks(BatchRandom(0, 0, 0, 4, offset, 2), n, real) for offset in (0, 2)]
-    assert torch.equal(torch.cat([m for m, _ in halves]), mask) and all(int(c) == int(total) for _, c in halves)
+    assert torch.equal(torch.cat([m.hidden for m in halves]), mask) and all(int(m.total) == int(total)
+                                                                            for m in halves)
     dropped = real.clone()
     dropped[3] = False  # the zero row of a sample a stream dropped (the trainer's global_batch): nothing counted
-    mask, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 3), n, dropped)
-    assert int(total) == int(mask.sum()) and not (mask & ~dropped[:3]).any()
+    mask, targets, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 3), n, dropped)
+    assert int(total) == int(targets.sum()) and not (mask & ~dropped[:3]).any()
     video = torch.rand(4, 3, 5, 16, 16) * 2 - 1
     (loss_a, grads_a), (loss_b, grads_b) = (loss_and_grads(task, with_garbage(video, FRAME_MASK, seed), FRAME_MASK)
                                             for seed in (1, 2))
