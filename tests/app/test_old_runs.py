@@ -49,10 +49,12 @@ BEFORE_HOUSE = Path(__file__).parent.parent / "fixtures" / "runs-3f8e24e"
 
 @pytest.mark.parametrize("name", ["dit", "unet", "dit-latent", "maskgit", "phenaki", "dalle2_decoder", "dvae", "vqgan",
                                   "klvae", "cvivit"])
-def test_a_run_written_before_the_house_change_samples_bit_identically(name):
+def test_a_run_written_before_the_house_change_samples_as_it_did_then(name):
     """Every family's run written at 3f8e24e (the `dit` family name, held-out prompts kept in the family state)
-    loads and makes exactly the samples it made then."""
+    loads and makes the samples it made then: bit for bit on the CPU that wrote them; torch's CPU kernels round
+    differently on another instruction set (AVX2 / AVX-512: up to 4e-6 here), so the bound is float rounding, far
+    below what a changed weight, seed or sampler step gives."""
     expected = load_file(str(BEFORE_HOUSE / "expected-samples.safetensors"))[name]
     run = load_run(BEFORE_HOUSE / name)
     images, _ = generate(run.task, 4, 0, "cpu")
-    assert torch.equal(images, expected)
+    torch.testing.assert_close(images, expected, rtol=0, atol=1e-5)
