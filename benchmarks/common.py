@@ -218,24 +218,15 @@ def time_trainer(trainer: Trainer, steps: int, warmup: int) -> StepTimes:
     times = StepTimes(tc.batch_size)
     logs = StepLogs()
     trainer.task.train()
-    batches = trainer._batches()
+    batches = trainer.batches()
     try:
         for i in range(warmup + steps):
             t0 = time.perf_counter()
             micro = [next(batches) for _ in range(tc.grad_accum)]
             loaded = time.perf_counter()
-            flags = trainer.train_step(micro, logs)
-            finite, _ = trainer._finish_step(flags, 0)
-            trainer.task.end_step(trainer.step)
-            trainer.data_position += 1
-            if not finite:
-                if trainer._after_nonfinite():
-                    batches.close()
-                    batches = trainer._batches()
-            else:
-                trainer.ema.update()
-                trainer.nonfinite_in_a_row = 0
-            trainer.step += 1
+            if not trainer.advance(iter(micro), logs)[0]:  # rolled back: the stream restarts past the failure
+                batches.close()
+                batches = trainer.batches()
             if trainer._due(tc.log_every):
                 logs.reduce(trainer.accelerator)
             synchronize(device)

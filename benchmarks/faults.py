@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the kill -9 harness lives with the tests
 from kill_harness import KILL_RUN, kill_checkpoint_trial, kill_resume_trial, run, train_argv
 
 

@@ -48,18 +48,18 @@ def measure(preset: str, sharding: str, run_dir: Path, extra: list[str]) -> dict
     trainer = make_trainer(load_config(preset, overrides), run_dir)
     trainer.fit()
     phase = trainer.task.phases[0]
-    batch = next(trainer._batches())
+    batch = next(trainer.batches())
     batch.pop("missing", None)
     batch["rng"] = BatchRandom(0, 0, 0, len(batch.get("key", [0])), 0, len(batch.get("key", [0])),
                                trainer.accelerator.device)
-    loss, _ = trainer.model(batch, phase, trainer.step)
+    loss, _ = trainer.parallel_task(batch, phase, trainer.state.step)
     loss.backward()
     trained = [p for p in trainer.task.parameters() if p.requires_grad]
-    optimizer_state = [t for opt in trainer.optimizers.values() for s in opt.state.values() for t in s.values()
+    optimizer_state = [t for opt in trainer.state.optimizers.values() for s in opt.state.values() for t in s.values()
                        if isinstance(t, torch.Tensor)]
     sizes = {"parameters": _bytes(trained), "gradients": _bytes(p.grad for p in trained if p.grad is not None),
-             "optimizer": _bytes(optimizer_state), "ema": _bytes(trainer.ema.shadow.values())}
-    trainer.optimizers[phase].zero_grad(set_to_none=True)
+             "optimizer": _bytes(optimizer_state), "ema": _bytes(trainer.state.ema.shadow.values())}
+    trainer.state.optimizers[phase].zero_grad(set_to_none=True)
     torch.distributed.barrier()
     start = time.perf_counter()
     trainer.save_checkpoint()

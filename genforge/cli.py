@@ -25,6 +25,7 @@ from genforge.app.importer import import_run
 from genforge.app.runs import (FamilyOption, build_task, check_data_size, count_parameters, family_sample_options,
                                flag, load_any_codec, make_trainer, missing_inputs, resume_changes, run_family)
 from genforge.core.family import export_targets
+from genforge.core.status import status_on_stderr
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
 from genforge.data.cache import MANIFEST, manifest_summary
@@ -44,6 +45,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Train generative vision models: tokenizers and generators, one engine.")
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Built-in data sets.")
 app.add_typer(data_app, name="data")
+
+
+@app.callback()
+def _status_on_stderr() -> None:
+    # every command: status lines (genforge.core.status) go to stderr, whatever logging an embedding program set up
+    status_on_stderr()
 
 
 def _fail(message: str, code: int = 2) -> None:

@@ -8,7 +8,6 @@ what the data set says about itself.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import yaml
 from pydantic.fields import FieldInfo
 from torch import nn
 
+from genforge.core.status import console
 from genforge.app.config import RunConfig, load_config, to_yaml
 from genforge.core.codec import CODE_KINDS, CodecInfo, InputRun, check_references, codec_kind
 from genforge.core.config import ConfigChange, ConfigError, config_changes
@@ -183,7 +183,7 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
     if ckpt is None:
         raise ConfigError(f"{run_dir} has no checkpoint yet (checkpoints/latest is missing)")
     for path, why in rejected:
-        print(f"genforge: warning: skipping {path.name}: {why}; using {ckpt.name}", file=sys.stderr)
+        console().warning(f"skipping {path.name}: {why}; using {ckpt.name}")
     state = read_json(ckpt / "trainer_state.json")
     task = task_of(ckpt)
     check_references(state.get("inputs", {}), task.input_references, ckpt)

@@ -21,7 +21,6 @@ import itertools
 import json
 import math
 import signal
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,6 +30,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset
 
+from genforge.core.status import console
 from genforge.core.config import DataConfig, TrainConfig
 from genforge.core.random import mix_seed
 from genforge.data.base import BadDataError, DataInfo, collate, source_of
@@ -195,6 +195,22 @@ def check_enough_samples(dataset: Dataset, data: DataConfig, batch_size: int) ->
             f"data.path={data.path!r} (data.source={data.source}) holds {size} training sample(s), fewer than "
             f"train.batch_size={batch_size}: every optimizer step takes one batch of distinct samples. Lower "
             f"train.batch_size to at most {size} (e.g. --set train.batch_size={max(1, size)}) or add data")
+
+
+def refuse_unreadable_start(dataset: Dataset, data: DataConfig, skips: "SkipLog", record: bool) -> None:
+    """BadDataError (exit 2) before training when the data set's first samples are all unreadable (an image folder
+    of broken files); `record`: they are listed in the skip log (the main process)."""
+    bad = unreadable_start(dataset)
+    if not bad:
+        return
+    if record:
+        skips.path.parent.mkdir(parents=True, exist_ok=True)
+        skips.record(0, bad, 0)
+    size = dataset_size(dataset) or len(bad)
+    which = f"all {size}" if len(bad) == size else f"the first {len(bad)} of {size}"
+    reasons = "; ".join(f"{key}: {reason}" for key, reason in bad[:3])
+    raise BadDataError(f"data.path={data.path!r}: {which} samples are unreadable ({reasons}"
+                       f"{'; ...' if len(bad) > 3 else ''}); all are listed in {skips.path}")
 
 
 def unreadable_start(dataset: Dataset, limit: int = 64) -> list[tuple[str, str]]:
@@ -396,8 +412,7 @@ class SkipLog:
             except (ValueError, KeyError, TypeError):
                 torn += bool(line.strip())
         if torn:
-            print(f"genforge: warning: {path}: {torn} unreadable line(s) ignored (torn by an interrupted write?)",
-                  file=sys.stderr)
+            console().warning(f"{path}: {torn} unreadable line(s) ignored (torn by an interrupted write?)")
         return listed
 
     WARNINGS = 5  # unreadable samples named on stderr per process; the rest only in skipped.jsonl
@@ -409,10 +424,9 @@ class SkipLog:
         if not new:
             return
         for key, reason in new[: max(0, self.WARNINGS - self.warned)]:
-            print(f"genforge: warning: skipped unreadable sample {key} ({reason}); listed in {self.path}",
-                  file=sys.stderr)
+            console().warning(f"skipped unreadable sample {key} ({reason}); listed in {self.path}")
         if self.warned < self.WARNINGS <= self.warned + len(new):
-            print(f"genforge: warning: more unreadable samples are listed in {self.path} only", file=sys.stderr)
+            console().warning(f"more unreadable samples are listed in {self.path} only")
         self.warned += len(new)
         self.listed.update(key for key, _ in new)
         with open(self.path, "a") as f:

@@ -31,7 +31,7 @@ from genforge.core.config import DataConfig, VideoConfig
 from genforge.core.registry import DATA_SOURCES
 from genforge.data.base import DataInfo
 from genforge.data.folder import FolderSource, ImageFolderDataset, check_folder, folder_listing
-from genforge.data.images import flip_drawn, to_uint8
+from genforge.data.images import flip_drawn
 from genforge.data.shards import Record, ShardDataset, ShardsSource, add_text_and_label, record_meta, shard_name
 
 VIDEO_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".gif")
@@ -214,14 +214,6 @@ def clip_sample(source: str | Path | BinaryIO, spec: VideoConfig, image_size: in
 
 
 # ------------------------------------------------------------------------------------------------ writing
-def video_frames(video: torch.Tensor) -> np.ndarray:
-    """A clip [C, T, H, W] in [-1, 1] -> uint8 frames [T, H, W, 3]."""
-    video = video.detach().cpu()
-    if video.shape[0] == 1:
-        video = video.expand(3, *video.shape[1:])
-    return to_uint8(video[:3]).permute(1, 2, 3, 0).numpy()
-
-
 def write_video(frames: np.ndarray, path: str | Path | BinaryIO, fps: float = 8.0, fmt: str | None = None,
                 keyframe_every: int = 16) -> None:
     """uint8 frames [T, H, W, 3] as a looping GIF (PIL) or an MP4 (H.264, yuv420p, a keyframe every

@@ -8,6 +8,9 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from genforge.core.config import TrainConfig
+from genforge.core.task import Task
+
 
 class EMA:
     """fp32 shadow copy of `module`'s trainable parameters (buffers, e.g. an EMA-updated codebook, stay live).
@@ -87,3 +90,15 @@ class EMA:
             with torch.no_grad():
                 for n in self.names:
                     params[n].copy_(backup[n])
+
+
+def ema_phases(task: Task, phase_train: dict[str, TrainConfig]) -> dict[str, tuple[float, list[str]]]:
+    """The `phases` of a task's EMA: each phase this run trains with its decay (`train.phases.<phase>.ema_decay`)
+    and the names of the averaged parameters it trains (the last phase that lists a parameter owns it); parameters
+    no phase of this run trains keep their EMA as it is."""
+    phase_of = {id(p): phase for phase in task.phases for p in task.parameters_for(phase)}
+    names: dict[str, list[str]] = {phase: [] for phase in task.phases}
+    for name, p in task.ema_module().named_parameters():
+        if id(p) in phase_of:
+            names[phase_of[id(p)]].append(name)
+    return {phase: (phase_train[phase].ema_decay, names[phase]) for phase in task.phases}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +18,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from genforge.core.config import LogConfig
+from genforge.core.status import console
 from genforge.core.task import Batch, Task
 from genforge.data.previews import preview_suffix, write_preview
-
-
-def console() -> logging.Logger:
-    """The `genforge` logger: plain lines on stderr ("genforge: ..."), unless the application configured
-    logging itself (a handler on it or on the root logger)."""
-    logger = logging.getLogger("genforge")
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("genforge: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-    return logger
 
 
 def duration(seconds: float) -> str:
@@ -52,6 +41,35 @@ class StepLines:
         losses = " ".join(f"{k} {v:.4g}" for k, v in values.items() if k == "loss" or k.endswith("/loss"))
         return (f"step {step}/{self.total} {losses} lr {values.get('lr', 0.0):.3g} "
                 f"{values.get('samples_per_s', 0.0):.1f} samples/s ETA {duration(left)}")
+
+
+@dataclass
+class RunOutcome:
+    """What a run's closing line reports: the last logged scalars, checkpoint and preview."""
+
+    logged: dict[str, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    samples: Path | None = None
+
+    def summary(self, run_dir: Path, total: int, first_step: int, step: int, seconds: float,
+                last_eval: dict[str, Any]) -> str:
+        """The closing line of a run: the steps trained and their wall time, the last losses, checkpoint, samples
+        and evaluation."""
+        if step == first_step:
+            return f"nothing to train: {run_dir} is at step {step} of {total}"
+        parts = [f"trained steps {first_step + 1}-{step} of {total} in {duration(seconds)}"]
+        losses = {k: v for k, v in self.logged.items() if k == "loss" or k.endswith("/loss")}
+        if losses:
+            parts.append("last " + ", ".join(f"{k} {v:.4g}" for k, v in losses.items()))
+        if self.checkpoint is not None:
+            parts.append(f"checkpoint {self.checkpoint}")
+        if self.samples is not None:
+            parts.append(f"samples {self.samples}")
+        scores = {k: v for k, v in last_eval.items() if isinstance(v, float)}
+        if scores:
+            parts.append(f"evaluation at step {last_eval['step']}: "
+                         + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+        return "; ".join(parts)
 
 
 class Progress:
@@ -132,8 +150,8 @@ class RunLogger:
                 # purge_step: TensorBoard drops what an interrupted run logged past the checkpoint
                 self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step)
             except ImportError:
-                print("genforge: tensorboard not installed (pip install 'genforge[log]'); logging to "
-                      "metrics.jsonl only", file=sys.stderr)
+                console().warning("tensorboard not installed (pip install 'genforge[log]'); logging to "
+                                  "metrics.jsonl only")
         if cfg.wandb:
             import wandb  # opt-in; fails loudly when requested and missing
 

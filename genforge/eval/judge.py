@@ -4,7 +4,6 @@ show the requested class (share of samples it assigns to the requested label).""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from genforge.core.status import console
 from genforge.core.files import cache_root
 from genforge.data.shapes import COLORS, NUM_CLASSES, render_batch
 
@@ -144,12 +144,12 @@ def load_or_train_judge(cache_dir: str | Path | None = None) -> ShapesJudge:
     path = judge_cache_path(cache_dir)
     if path not in _LOADED:
         if not path.is_file():
-            print(f"genforge: training the shapes judge (once; cached at {path})", file=sys.stderr)
+            console().info(f"training the shapes judge (once; cached at {path})")
             start = time.perf_counter()
             with torch.enable_grad():  # also when called under no_grad (a tokenizer's evaluation)
                 judge, accuracy = train_judge()
-            print(f"genforge: judge held-out accuracy {accuracy:.4f}, trained in "
-                  f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
+            console().info(f"judge held-out accuracy {accuracy:.4f}, trained in "
+                           f"{time.perf_counter() - start:.0f} s")
             save_judge(judge, path)
         _LOADED[path] = load_judge(path)
     return _LOADED[path]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from genforge.core.status import console
 from genforge.core.config import DataConfig
 from genforge.core.files import cache_root
 from genforge.data.base import source_of
@@ -104,7 +104,7 @@ def reference_stats(net: PoolFeatures, source: DataConfig | Path, n: int, device
     path = cache_root(cache_dir) / "fid" / f"{key}.safetensors"
     if rank0_decides(rank == 0 and path.is_file()):
         if rank == 0:
-            print(f"genforge: reference statistics: cached {path}", file=sys.stderr)
+            console().info(f"reference statistics: cached {path}")
             return load_stats(path, net)
         return None
     features, index, start = [], [], 0
@@ -122,7 +122,7 @@ def reference_stats(net: PoolFeatures, source: DataConfig | Path, n: int, device
         raise ValueError(f"reference statistics need at least 2 readable images, found {len(every)} in "
                          f"{description['data']['source']} {source.path or ''} ({description['split']} split)")
     reference = save_stats(path, every, description)
-    print(f"genforge: reference statistics: computed {path} ({len(every)} images)", file=sys.stderr)
+    console().info(f"reference statistics: computed {path} ({len(every)} images)")
     return reference
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -11,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from genforge.core.status import console
 from genforge.nn.features import FeatureNetworkUnavailable, FrozenFeatures, InceptionFeatures, VGG16Features
 from genforge.nn.frozen import Frozen
 
@@ -48,7 +48,7 @@ class PerceptualLoss(nn.Module):
         self._description = f"perceptual distance: {network} ({source}), input " + (
             f"resized to {self.resize}px" if self.resize else
             "at its own resolution" + (", at least 75px" if network == "inception" else ""))
-        print(f"genforge: {self._description}", file=sys.stderr)
+        console().info(self._description)
 
     def describe(self) -> str:
         """The network and weight file in use."""

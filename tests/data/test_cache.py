@@ -146,7 +146,7 @@ def test_dit_trains_from_a_cache_and_resumes_exactly(tmp_path, fake_tokenizer):
     cfg = load_config("dit-latent-debug", _dit_on_cache(run, tmp_path / "cache"))
     straight = make_trainer(cfg, tmp_path / "straight")
     straight.fit()
-    assert straight.step == 4 and "latent" in straight.dataset[0]
+    assert straight.state.step == 4 and "latent" in straight.state.dataset[0]
     interrupted = tmp_path / "interrupted"
     make_trainer(cfg, interrupted).fit(stop_at=2)
     make_trainer(cfg, interrupted).fit()

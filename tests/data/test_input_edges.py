@@ -19,11 +19,11 @@ def test_a_caption_that_is_not_utf8_keeps_its_image(tmp_path):
     assert sample["text"] == "a red \ufffd circle"
 
 
-def test_a_torn_skip_log_is_read_past_with_a_warning(tmp_path, capsys):
+def test_a_torn_skip_log_is_read_past_with_a_warning(tmp_path, status):
     path = tmp_path / "skipped.jsonl"
     path.write_text('{"key": "a.png", "reason": "x", "step": 1}\n{"key": "b.pn')
     assert SkipLog(path).listed == {"a.png"}
-    assert f"{path}: 1 unreadable line(s) ignored" in capsys.readouterr().err
+    assert f"{path}: 1 unreadable line(s) ignored" in status.text
 
 
 def test_a_data_path_that_is_a_file_is_named_as_such(tmp_path):

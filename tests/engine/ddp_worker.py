@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
+from genforge.engine import state as state_module
 from genforge.engine import trainer as trainer_module
 from genforge.engine.sharding import whole
 from genforge.families.diffusion.task import DiffusionTask
@@ -27,14 +28,14 @@ fault = os.environ.get("GENFORGE_TEST_FAULT")
 if fault == "no_steps":  # every rank builds and loads, then trains nothing (what a run starts with)
     trainer_module.Trainer._loop = lambda self, stop, stop_at: None
 elif fault == "kill_in_shards" and os.environ.get("RANK") == "1":
-    plain_save = trainer_module.save_shards
+    plain_save = state_module.save_shards
 
     def dying_save(folder, tensors):
         if folder.parent.name.endswith("step-000004"):
             os.kill(os.getpid(), signal.SIGKILL)
         plain_save(folder, tensors)
 
-    trainer_module.save_shards = dying_save
+    state_module.save_shards = dying_save
 elif fault and os.environ.get("RANK") == "1":
     plain = DiffusionTask.loss
     seen: set[int] = set()
@@ -62,5 +63,5 @@ trainer.fit()
 rank = trainer.accelerator.process_index
 state = {k: whole(v).detach().cpu().contiguous() for k, v in trainer.task.state_dict().items()}
 save_file(state, str(Path(out_dir) / f"rank{rank}-of{trainer.accelerator.num_processes}.safetensors"))
-shadow = {k: whole(v).detach().cpu().contiguous() for k, v in trainer.ema.state_dict().items()}
+shadow = {k: whole(v).detach().cpu().contiguous() for k, v in trainer.state.ema.state_dict().items()}
 save_file(shadow, str(Path(out_dir) / f"ema-rank{rank}-of{trainer.accelerator.num_processes}.safetensors"))

@@ -76,10 +76,10 @@ def _damaged_copy(runs, tmp_path, kind: str) -> Path:
 
 
 @pytest.mark.parametrize("kind", sorted(DAMAGE))
-def test_resume_falls_back_to_the_previous_checkpoint(kind, runs, tmp_path, capsys):
+def test_resume_falls_back_to_the_previous_checkpoint(kind, runs, tmp_path, status):
     run = _damaged_copy(runs, tmp_path, kind)
     make_trainer(load_config("dit-debug", OVERRIDES), run).fit()
-    err = capsys.readouterr().err
+    err = status.text
     ckpts = run / "checkpoints"
     assert (ckpts / "damaged-step-000004").is_dir()  # moved aside, not deleted
     assert "step-000004" in err and DAMAGE[kind][1] in err and "resumed from" in err and "step-000002" in err
@@ -91,7 +91,7 @@ def test_resume_falls_back_to_the_previous_checkpoint(kind, runs, tmp_path, caps
     assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
-def test_a_torn_shard_of_a_sharded_checkpoint_falls_back_too(runs, tmp_path, capsys):
+def test_a_torn_shard_of_a_sharded_checkpoint_falls_back_too(runs, tmp_path, status):
     """train.sharding=fsdp on one process writes sharded checkpoints (shards/ and DCP's safetensors): a torn shard
     file moves that checkpoint aside, and the run resumes from the previous one to the same weights as the plain
     straight run (one process shards nothing)."""
@@ -100,19 +100,19 @@ def test_a_torn_shard_of_a_sharded_checkpoint_falls_back_too(runs, tmp_path, cap
     shard = next((tmp_path / "checkpoints" / "step-000004" / "shards").glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:1000])
     make_trainer(load_config("dit-debug", sharded), tmp_path).fit()
-    err = capsys.readouterr().err
+    err = status.text
     assert (tmp_path / "checkpoints" / "damaged-step-000004").is_dir() and shard.name in err
     resumed = read_weights(tmp_path / "checkpoints" / "step-000006", "model")
     straight = _weights(runs[0])
     assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
-def test_latest_naming_a_missing_folder_falls_back(runs, tmp_path, capsys):
+def test_latest_naming_a_missing_folder_falls_back(runs, tmp_path, status):
     run = tmp_path / "run"
     shutil.copytree(runs[1], run)
     shutil.rmtree(run / "checkpoints" / "step-000004")  # `latest` still names it
     make_trainer(load_config("dit-debug", OVERRIDES), run).fit()
-    err = capsys.readouterr().err
+    err = status.text
     assert "names 'step-000004'" in err and "step-000002" in err
     straight, resumed = _weights(runs[0]), _weights(run)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)

@@ -74,14 +74,14 @@ def _late_phase_run(tmp_path, preset, first, second, prefix, old_checkpoint=Fals
     start = {k: v for k, v in load_file(str(checkpoint / "ema.safetensors")).items() if k.startswith(prefix)}
     assert start
     trainer = make_trainer(load_config(preset, [*base, "train.steps=5", *second]), tmp_path)
-    recorded, update = [], trainer.ema.update
+    recorded, update = [], trainer.state.ema.update
 
     def spy():
         recorded.append({n: p.detach().float().clone() for n, p in trainer.task.ema_module().named_parameters()
                          if n.startswith(prefix)})
         update()
 
-    trainer.ema.update = spy
+    trainer.state.ema.update = spy
     trainer.fit()
     return trainer, start, recorded
 
@@ -107,11 +107,11 @@ def test_a_phase_first_trained_in_a_resumed_run_warms_its_ema_up_as_a_fresh_run(
     step, so its weights differ: this is the closest exact comparison.)"""
     trainer, start, recorded = _late_phase_run(tmp_path, "dalle2-decoder-debug", ["model.train_unets=[1]"],
                                                ["model.train_unets=[2]"], "cascade.unets.1.", old_checkpoint)
-    assert len(recorded) == 3 and trainer.ema.updates == {"unet1": 2, "unet2": 3}
+    assert len(recorded) == 3 and trainer.state.ema.updates == {"unet1": 2, "unet2": 3}
     expected = _ema_from(start, recorded)
-    assert all(torch.equal(trainer.ema.shadow[k], expected[k]) for k in expected)
+    assert all(torch.equal(trainer.state.ema.shadow[k], expected[k]) for k in expected)
     by_global_step = _ema_from(start, recorded, first_update=2)  # what counting global steps gave
-    assert not all(torch.allclose(trainer.ema.shadow[k], by_global_step[k]) for k in expected)
+    assert not all(torch.allclose(trainer.state.ema.shadow[k], by_global_step[k]) for k in expected)
     saved = json.loads((tmp_path / "checkpoints" / "step-000005" / "trainer_state.json").read_text())
     assert saved["ema_updates"] == {"unet1": 2, "unet2": 3}
 
@@ -122,6 +122,6 @@ def test_a_token_critic_trained_after_its_generator_warms_up_from_its_own_first_
     critic = "model.critic.depth=1"
     trainer, start, recorded = _late_phase_run(tmp_path, "maskgit-debug", [critic, "model.train_phases=[main]"],
                                                [critic, "model.train_phases=[critic]"], "critic.")
-    assert len(recorded) == 3 and trainer.ema.updates == {"main": 2, "critic": 3}
+    assert len(recorded) == 3 and trainer.state.ema.updates == {"main": 2, "critic": 3}
     expected = _ema_from(start, recorded)
-    assert all(torch.equal(trainer.ema.shadow[k], expected[k]) for k in expected)
+    assert all(torch.equal(trainer.state.ema.shadow[k], expected[k]) for k in expected)

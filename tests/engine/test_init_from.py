@@ -52,7 +52,7 @@ def _checkpoint(run_dir: Path, step: int) -> Path:
 
 
 @pytest.mark.parametrize("where", ["run", "checkpoint", "sharded"])
-def test_a_fresh_run_starts_from_the_weights_and_ema_with_a_fresh_optimizer(source, tmp_path, no_steps, capfd, where):
+def test_a_fresh_run_starts_from_the_weights_and_ema_with_a_fresh_optimizer(source, tmp_path, no_steps, status, where):
     """A run directory, one checkpoint folder, or a sharded run's directory: the model and EMA weights are the
     checkpoint's, the step, optimizer and schedule are fresh."""
     path = {"run": source / "run", "checkpoint": _checkpoint(source / "run", 2), "sharded": source / "sharded"}[where]
@@ -62,11 +62,11 @@ def test_a_fresh_run_starts_from_the_weights_and_ema_with_a_fresh_optimizer(sour
     model, ema = read_weights(checkpoint, "model"), read_weights(checkpoint, "ema")
     assert not _equal(model, ema)  # two steps of EMA warm-up: they differ, so each is checked for itself
     assert _equal(trainer.task.state_dict(), model)
-    assert _equal(trainer.ema.state_dict(), ema)
-    assert trainer.step == 0 and trainer.data_position == 0
-    assert all(not optimizer.state for optimizer in trainer.optimizers.values())  # no moments, no step count
-    assert trainer.schedulers["main"].last_epoch == 0
-    assert f"genforge: initialised from {checkpoint} (step 2)" in capfd.readouterr().err
+    assert _equal(trainer.state.ema.state_dict(), ema)
+    assert trainer.state.step == 0 and trainer.state.data_position == 0
+    assert all(not optimizer.state for optimizer in trainer.state.optimizers.values())  # no moments, no step count
+    assert trainer.state.schedulers["main"].last_epoch == 0
+    assert f"initialised from {checkpoint} (step 2)" in status.messages
     events = [json.loads(line) for line in open(tmp_path / "ft" / "metrics.jsonl")]
     assert [(e["step"], e["event"]) for e in events if "event" in e] == [(0, "init_from")]
     assert f"init_from: {path}\n" in (tmp_path / "ft" / "config.yaml").read_text()  # as written
@@ -78,8 +78,8 @@ def test_it_trains_on_from_there_and_a_resume_ignores_it(source, tmp_path, monke
     command = [f"train.init_from={source / 'run'}", "train.steps=2", "train.log_every=1"]
     trainer = _trainer(tmp_path / "ft", command)
     trainer.fit()
-    assert trainer.step == 2 and (tmp_path / "ft" / "checkpoints" / "latest").read_text().strip() == "step-000002"
-    assert all(len(optimizer.state) for optimizer in trainer.optimizers.values())
+    assert trainer.state.step == 2 and (tmp_path / "ft" / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    assert all(len(optimizer.state) for optimizer in trainer.state.optimizers.values())
     own = load_file(str(_checkpoint(tmp_path / "ft", 2) / "model.safetensors"))
     own_ema = load_file(str(_checkpoint(tmp_path / "ft", 2) / "ema.safetensors"))
     assert not _equal(own, read_weights(_checkpoint(source / "run", 2), "model"))
@@ -88,8 +88,8 @@ def test_it_trains_on_from_there_and_a_resume_ignores_it(source, tmp_path, monke
     for again in (command, [*command[:-1], "train.init_from=/nonexistent/run"]):
         resumed = _trainer(tmp_path / "ft", [*again, "train.steps=3"])
         resumed.fit()
-        assert resumed.step == 2
-        assert _equal(resumed.task.state_dict(), own) and _equal(resumed.ema.state_dict(), own_ema)
+        assert resumed.state.step == 2
+        assert _equal(resumed.task.state_dict(), own) and _equal(resumed.state.ema.state_dict(), own_ema)
     events = [json.loads(line) for line in open(tmp_path / "ft" / "metrics.jsonl") if '"event"' in line]
     assert [e["event"] for e in events] == ["init_from", "config_change", "config_change"]
 

@@ -37,7 +37,7 @@ def test_a_changed_lr_takes_effect_and_is_recorded(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     same = _fit(tmp_path / "a", ["train.steps=4"])
     changed = _fit(tmp_path / "b", ["train.steps=4", "train.lr=3e-4"])
-    assert [g["lr"] for g in changed.optimizers["main"].param_groups] == [3e-4] * 2
+    assert [g["lr"] for g in changed.state.optimizers["main"].param_groups] == [3e-4] * 2
     assert _logged_lr(tmp_path / "b")[3] == pytest.approx(3e-4) and _logged_lr(tmp_path / "a")[3] == 1e-3
     assert not torch.equal(same.task.state_dict()["model.final_layer.linear.weight"],
                            changed.task.state_dict()["model.final_layer.linear.weight"])

@@ -27,7 +27,7 @@ def _run(run_dir, overrides=(), stop_at=None):
 def _result(trainer):
     losses = [(r["step"], r["loss"]) for r in map(json.loads, open(trainer.run_dir / "metrics.jsonl"))
               if "loss" in r]
-    return losses, trainer.task.state_dict(), trainer.ema.state_dict()
+    return losses, trainer.task.state_dict(), trainer.state.ema.state_dict()
 
 
 def _same(a, b) -> bool:
@@ -65,25 +65,25 @@ def test_resume_needs_every_piece_of_state(straight, tmp_path, monkeypatch, drop
 
 
 def _optimizer_state(trainer):
-    state = trainer.optimizers["main"].state_dict()["state"]
+    state = trainer.state.optimizers["main"].state_dict()["state"]
     return {f"{i}.{k}": v.clone() for i, s in state.items() for k, v in s.items() if isinstance(v, torch.Tensor)}
 
 
-def test_nonfinite_step_is_skipped_and_changes_nothing(tmp_path, monkeypatch, capsys):
+def test_nonfinite_step_is_skipped_and_changes_nothing(tmp_path, monkeypatch, status):
     trainer = make_trainer(load_config("dit-debug", OVERRIDES), tmp_path)
     trainer.fit(stop_at=3)
-    before = (_optimizer_state(trainer), trainer.task.state_dict(), trainer.ema.state_dict())
+    before = (_optimizer_state(trainer), trainer.task.state_dict(), trainer.state.ema.state_dict())
     before = tuple({k: v.clone() for k, v in part.items()} for part in before)
-    lr_before = trainer.schedulers["main"].get_last_lr()
+    lr_before = trainer.state.schedulers["main"].get_last_lr()
     plain = DiffusionTask.loss
     monkeypatch.setattr(DiffusionTask, "loss", lambda self, batch, phase, step: (
         plain(self, batch, phase, step)[0] * float("nan") if step == 3 else plain(self, batch, phase, step)[0], {}))
     trainer.fit(stop_at=4)
-    after = (_optimizer_state(trainer), trainer.task.state_dict(), trainer.ema.state_dict())
+    after = (_optimizer_state(trainer), trainer.task.state_dict(), trainer.state.ema.state_dict())
     for old, new in zip(before, after):
         assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
-    assert trainer.schedulers["main"].get_last_lr() == lr_before
-    assert trainer.step == 4 and "step 3: non-finite loss or gradient, step skipped" in capsys.readouterr().err
+    assert trainer.state.schedulers["main"].get_last_lr() == lr_before
+    assert trainer.state.step == 4 and "step 3: non-finite loss or gradient, step skipped" in status.text
     logged = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r["step"] == 4]
     assert logged[0]["grad_norm"] == 0.0
 
@@ -106,7 +106,7 @@ def test_too_many_nonfinite_steps_stop_the_run(tmp_path, monkeypatch):
     assert latest == "step-000004"  # nothing non-finite was ever written
 
 
-def test_rollback_reloads_the_checkpoint_and_skips_the_bad_data(tmp_path, monkeypatch, capsys):
+def test_rollback_reloads_the_checkpoint_and_skips_the_bad_data(tmp_path, monkeypatch, status):
     plain = DiffusionTask.loss
     seen = []
 
@@ -117,9 +117,9 @@ def test_rollback_reloads_the_checkpoint_and_skips_the_bad_data(tmp_path, monkey
 
     monkeypatch.setattr(DiffusionTask, "loss", loss)
     trainer = _run(tmp_path, ["train.max_nonfinite_skips=2", "train.on_nonfinite=rollback"])
-    assert trainer.step == 8 and trainer.rollbacks == 1
-    assert trainer.data_position == 8 + 3  # steps 4, 5 (skipped) and 6 (failed) consumed data once more
-    assert "rolled back to step-000004" in capsys.readouterr().err
+    assert trainer.state.step == 8 and trainer.state.rollbacks == 1
+    assert trainer.state.data_position == 8 + 3  # steps 4, 5 (skipped) and 6 (failed) consumed data once more
+    assert "rolled back to step-000004" in status.text
     assert json.loads((tmp_path / "checkpoints" / "step-000008" / "trainer_state.json").read_text())[
         "data_position"] == 11
 

@@ -105,7 +105,7 @@ def test_a_sharded_checkpoint_resumes_on_one_process_and_back_on_two(dit_runs, t
     trainer = make_trainer(load_config("dit-debug", ["train.sharding=fsdp", "train.steps=30", "train.log_every=1",
                                                      "train.checkpoint_every=10", "train.sample_every=10"]), run)
     trainer.fit()  # one process: DCP gathers the two ranks' pieces into whole tensors
-    assert trainer.step == 30 and (run / "checkpoints" / "latest").read_text().strip() == "step-000030"
+    assert trainer.state.step == 30 and (run / "checkpoints" / "latest").read_text().strip() == "step-000030"
     weights = read_weights(dit_runs / "fsdp" / "checkpoints" / "step-000020", "model")
     assert [r["loss"] for r in _losses(run)[:20]] == [r["loss"] for r in _losses(dit_runs / "fsdp")]
     assert not torch.equal(trainer.task.state_dict()["model.final_layer.linear.weight"],

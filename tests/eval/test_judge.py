@@ -34,7 +34,7 @@ def test_any_resolution_and_accuracy_arithmetic():
         judge_accuracy(judge, images, labels[:3])
 
 
-def test_load_or_train_judge_trains_once_and_caches(tmp_path, monkeypatch, capsys):
+def test_load_or_train_judge_trains_once_and_caches(tmp_path, monkeypatch, status):
     calls = []
 
     def quick_train():
@@ -44,7 +44,7 @@ def test_load_or_train_judge_trains_once_and_caches(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(judge_module, "train_judge", quick_train)
     judge = load_or_train_judge(tmp_path)
     path = tmp_path / "judge" / "shapes-judge-v1.safetensors"
-    assert path.is_file() and not judge.training and "training" in capsys.readouterr().err
+    assert path.is_file() and not judge.training and "training" in status.text
     judge_module._LOADED.clear()  # a new process: loads the cached file, trains nothing
     load_or_train_judge(tmp_path)
     assert len(calls) == 1

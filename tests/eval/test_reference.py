@@ -37,13 +37,14 @@ def cfg():
     return load_config("dit-debug")  # 16px shapes
 
 
-def test_reference_statistics_are_cached_and_invalidated_by_preprocessing(tmp_path, capsys):
+def test_reference_statistics_are_cached_and_invalidated_by_preprocessing(tmp_path, status):
     net, data = TinyFeatures(), DataConfig(image_size=16)
     first = reference_stats(net, data, 10, "cpu", batch_size=4, cache_dir=tmp_path)
-    assert net.images == 10 and "reference statistics: computed" in capsys.readouterr().err
+    assert net.images == 10 and "reference statistics: computed" in status.text
+    status.clear()
     again = reference_stats(net, data, 10, "cpu", batch_size=4, cache_dir=tmp_path)
     assert net.images == 10, "the cached statistics were recomputed"
-    assert f"reference statistics: cached {first.path}" in capsys.readouterr().err
+    assert f"reference statistics: cached {first.path}" in status.text
     assert again.path == first.path and torch.equal(again.features, first.features) and again.n == 10
     assert torch.equal(again.mu, first.mu) and again.sigma.shape == (48, 48)
 
@@ -67,17 +68,18 @@ def test_reference_from_a_folder_changes_with_its_files(tmp_path, capsys):
     assert reference_stats(net, source, 100, "cpu", cache_dir=tmp_path / "cache").n == 7 and net.images == 15
 
 
-def test_generator_metrics_end_to_end_with_a_stand_in_network(cfg, tiny, capsys):
+def test_generator_metrics_end_to_end_with_a_stand_in_network(cfg, tiny, status):
     results = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid", "kid", "prdc"], n=12, seed=0,
                                        device="cpu",
                                        batch_size=5)
     assert {"fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage"} <= set(results)
     assert results["n"] == 12 and results["ref_n"] == 12 and results["features"] == "tiny stand-in 48-d"
     assert results["fid"] > 0 and results["kid_mean"] > 0  # noise is far from shapes
-    assert tiny.images == 24 and "computed" in capsys.readouterr().err
+    assert tiny.images == 24 and "computed" in status.text
+    status.clear()
     again = run_module.evaluate_task(NoiseGenerator(), cfg.data, cfg.eval, ["fid"], n=12, seed=0, device="cpu", batch_size=5)
     assert again["fid"] == results["fid"] and again["ref"] == results["ref"]
-    assert tiny.images == 36 and "cached" in capsys.readouterr().err  # only the 12 samples were featurised
+    assert tiny.images == 36 and "cached" in status.text  # only the 12 samples were featurised
 
 
 def test_samples_do_not_depend_on_how_they_are_split():

@@ -1,6 +1,6 @@
 """diffusion: class-conditional diffusion on pixels or a tokenizer's latents with a DiT (adaLN-Zero) or an ADM U-Net
-backbone, on the IDDPM, rectified-flow or EDM objective, with CFG. `model.family: dit` (its name until issue 29) is an
-alias: configs and runs that say it still load."""
+backbone, on the IDDPM, rectified-flow or EDM objective, with CFG. `model.family: dit`, the family's
+former name, is an alias: configs and runs that say it still load."""
 
 from pathlib import Path
 

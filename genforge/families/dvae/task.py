@@ -14,13 +14,13 @@ w_kl there, is the family's checkpoint state (`state_for_checkpoint`), checked o
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from genforge.core.status import console
 from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, interleave_rows
@@ -77,9 +77,9 @@ class DVAETask(TokenizerTask):
         for name, now in (("temperature", self.cfg.temperature(step)), ("kl_weight", self.cfg.kl_weight_at(step))):
             saved = state.get(name)
             if saved is not None and not math.isclose(saved, now, rel_tol=1e-9, abs_tol=1e-12):
-                print(f"genforge: dvae {name} at step {step} was {saved:.6g} in the checkpoint; the schedule of this "
-                      f"config gives {now:.6g} (model.temperature_*/anneal_rate/kl_* changed): continuing with the "
-                      "new schedule", file=sys.stderr)
+                console().warning(f"dvae {name} at step {step} was {saved:.6g} in the checkpoint; the schedule of "
+                                  f"this config gives {now:.6g} (model.temperature_*/anneal_rate/kl_* changed): "
+                                  "continuing with the new schedule")
 
     # ------------------------------------------------------------------------------------ training
     def autoencode(self, image: Tensor, rng: BatchRandom, step: int,

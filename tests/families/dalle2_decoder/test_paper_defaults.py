@@ -226,7 +226,7 @@ def test_data_embeddings_are_normalised_like_the_embedders(tmp_path, normalize):
     trainer = make_trainer(cfg, tmp_path / "run")
     task, seen = trainer.task, []
     task.cascade[0].register_forward_pre_hook(lambda m, args, kw: seen.append(kw["image_embed"]), with_kwargs=True)
-    batch = next(trainer._batches())
+    batch = next(trainer.batches())
     stored = batch["image_embed"].float()
     assert (stored.norm(dim=-1) > 2.5).all()
     batch["rng"] = BatchRandom(0, 0, 0, len(stored), 0, len(stored))

@@ -116,7 +116,7 @@ def test_regulariser_is_the_warmed_up_weight_times_the_kl():
         torch.testing.assert_close(regulariser, weight * logs["kl"])
 
 
-def test_checkpoint_state_is_the_schedule_at_the_next_step_and_round_trips(capsys):
+def test_checkpoint_state_is_the_schedule_at_the_next_step_and_round_trips(status):
     cfg, task = build()
     assert task.state_for_checkpoint() == {"step": 0, "temperature": 1.0, "kl_weight": 0.0}
     task.train()
@@ -132,10 +132,10 @@ def test_checkpoint_state_is_the_schedule_at_the_next_step_and_round_trips(capsy
     _, resumed = build()
     resumed.load_state_from_checkpoint(state)
     assert resumed.state_for_checkpoint() == state and resumed.temperature() == state["temperature"]
-    assert capsys.readouterr().err == ""
+    assert status.text == ""
     _, changed = build(["model.temperature_min=0.1"])  # a changed schedule is reported, and the new one used
     changed.load_state_from_checkpoint(state)
-    assert "temperature at step 8" in capsys.readouterr().err
+    assert "temperature at step 8" in status.text
     assert changed.temperature() == 0.1
 
 

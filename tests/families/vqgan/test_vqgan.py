@@ -259,7 +259,7 @@ def test_training_previews_show_the_ema_and_the_online_reconstructions(tmp_path,
     task, cond = trainer.task.eval(), seen["cond"]
     with torch.no_grad():
         online = task.reconstruct(cond["image"]).clamp(-1, 1)
-        with trainer.ema.swapped_in():
+        with trainer.state.ema.swapped_in():
             ema = task.reconstruct(cond["image"]).clamp(-1, 1)
     assert torch.equal(cond["online"], online) and torch.equal(seen["images"], ema)
     assert not torch.equal(online, ema)  # two steps with a warmed-up EMA decay: different weights

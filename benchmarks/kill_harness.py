@@ -1,7 +1,7 @@
-"""Fault injection for genforge's own tests and `benchmarks/faults.py`: kill -9 a training run or a
+"""Fault injection for `benchmarks/faults.py` and genforge's own tests: kill -9 a training run or a
 checkpoint writer at a random moment, resume, and compare with an uninterrupted run. Not part of the package.
 
-    python tests/kill_harness.py write-checkpoints RUN_DIR   # child process: save checkpoints forever
+    python benchmarks/kill_harness.py write-checkpoints RUN_DIR   # child process: save checkpoints forever
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def write_checkpoints_forever(run_dir: Path) -> None:
     trainer.save_checkpoint()
     print("ready", flush=True)
     while True:
-        trainer.step += 1
+        trainer.state.step += 1
         trainer.save_checkpoint()
 
 
@@ -140,4 +140,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["write-checkpoints"]:
         write_checkpoints_forever(Path(sys.argv[2]))
     else:
-        sys.exit(f"usage: python tests/kill_harness.py write-checkpoints RUN_DIR (got {sys.argv[1:]})")
+        sys.exit(f"usage: python benchmarks/kill_harness.py write-checkpoints RUN_DIR (got {sys.argv[1:]})")
