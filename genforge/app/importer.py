@@ -25,7 +25,8 @@ from genforge.core.export import Imported
 from genforge.core.family import importer_of
 from genforge.core.files import file_sha256, folder_sha256, write_atomically
 from genforge.data.base import DataInfo
-from genforge.engine.checkpoint import CheckpointDir, save_tensors, weights_mismatch
+from genforge.engine.checkpoint import CheckpointDir, save_tensors
+from genforge.engine.verify import weights_mismatch
 
 FILE_FORMAT = "dit-checkpoint"  # what a checkpoint file is read as (the one file format genforge imports)
 PLACEHOLDER_DATA = "data/train"  # an imported run's data.path: the weights come without their data

@@ -27,8 +27,8 @@ from genforge.core.task import Task
 from genforge.data.base import DataInfo
 from genforge.data.cache import check_cache
 from genforge.data.loader import HeldOutData, build_dataset, check_enough_samples, image_data, scan_data_info
-from genforge.engine.checkpoint import (CheckpointDir, CheckpointReadError, expected_tensors, newest_usable,
-                                        read_json, read_weights, verify_checkpoint, weights_hash)
+from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, read_json
+from genforge.engine.verify import expected_tensors, newest_usable, read_weights, verify_checkpoint, weights_hash
 from genforge.engine.trainer import Trainer, TrainingRun
 from genforge.nn.frozen import Frozen
 

@@ -17,10 +17,10 @@ from torch import Tensor, nn
 from genforge.core.codec import check_references
 from genforge.core.config import ConfigChange, ConfigError
 from genforge.core.random import set_global_rng_state
-from genforge.engine.checkpoint import (SAFETENSORS_TO_TORCH, SHARDS, CheckpointError, CheckpointReadError,
-                                        expected_tensors, flatten_state, load_state, load_tensors, newest_usable,
-                                        read_json, read_weights, sharded_tensors, source_checkpoint,
-                                        tensor_refs, unflatten_state, verify_checkpoint, weights_mismatch)
+from genforge.engine.checkpoint import (SHARDS, CheckpointError, CheckpointReadError, flatten_state, load_state,
+                                        load_tensors, read_json, tensor_refs, unflatten_state)
+from genforge.engine.verify import (SAFETENSORS_TO_TORCH, expected_tensors, newest_usable, read_weights,
+                                    sharded_tensors, source_checkpoint, verify_checkpoint, weights_mismatch)
 from genforge.engine.collectives import any_rank, main_decides
 from genforge.engine.logging import console
 from genforge.engine.optim import materialize_state

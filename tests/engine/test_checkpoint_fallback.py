@@ -19,7 +19,8 @@ from eval.eval_standins import TinyFeatures
 from genforge.app.config import load_config
 from genforge.app.runs import load_run, make_trainer
 from genforge.cli import app
-from genforge.engine.checkpoint import CheckpointReadError, read_weights, verify_checkpoint
+from genforge.engine.checkpoint import CheckpointReadError
+from genforge.engine.verify import read_weights, verify_checkpoint
 from genforge.eval import metrics as metrics_module
 
 OVERRIDES = ["train.steps=6", "train.checkpoint_every=2", "train.log_every=1", "train.sample_every=0", "eval.every=0",

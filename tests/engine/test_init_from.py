@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
 from genforge.core.config import ConfigError
-from genforge.engine.checkpoint import read_weights
+from genforge.engine.verify import read_weights
 from genforge.engine.trainer import Trainer
 
 HERE = Path(__file__).parent

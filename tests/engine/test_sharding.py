@@ -14,7 +14,8 @@ import torch
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
-from genforge.engine.checkpoint import CheckpointReadError, read_weights, sharded_tensors, verify_checkpoint
+from genforge.engine.checkpoint import CheckpointReadError
+from genforge.engine.verify import read_weights, sharded_tensors, verify_checkpoint
 
 pytestmark = pytest.mark.dist
 HERE = Path(__file__).parent
