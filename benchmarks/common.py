@@ -40,7 +40,8 @@ from genforge.core.random import BatchRandom
 from genforge.core.task import Task
 from genforge.data.base import collate
 from genforge.data.loader import build_dataset, data_info
-from genforge.engine.trainer import StepLogs, Trainer
+from genforge.engine.logging import StepLogs
+from genforge.engine.trainer import Trainer
 
 def doc_parser(doc: str) -> argparse.ArgumentParser:
     """An argument parser whose description is a script docstring's first paragraph and whose epilog the rest."""

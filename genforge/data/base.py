@@ -13,6 +13,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from genforge.core.config import DataConfig
 from genforge.core.registry import DATA_SOURCES
+from genforge.core.task import Batch
 
 
 @dataclass(frozen=True)
@@ -158,3 +159,13 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             batch[field] = values
     return batch
+
+
+def missing_field(err: KeyError, batch: dict[str, Any], missing: dict[str, str]) -> Exception:
+    """A task's KeyError for a Batch field the data does not have, as a BadDataError naming the field and a sample
+    that lacks it (`missing`: collate's record of fields some samples lacked); any other KeyError unchanged."""
+    name = err.args[0] if err.args else None
+    if not isinstance(name, str) or name not in Batch.__annotations__ or name in batch:
+        return err
+    keys = batch.get("key") or [None]
+    return missing_field_error(name, missing.get(name, keys[0]))

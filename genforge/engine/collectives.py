@@ -58,3 +58,11 @@ def gather_rows(acc: Accelerator, fields: tuple[str, ...], batches: list[dict[st
             mine = mine.transpose(0, 1)  # [A, P, micro, ...]
         gathered[name] = mine.reshape(-1, *rows[0].shape[1:])  # [G, ...]
     return gathered
+
+
+def peer_failed(err: BaseException) -> bool:
+    """An error raised because a peer process died or hung (gloo/NCCL timeouts and closed connections)."""
+    if isinstance(err, torch.distributed.DistError):
+        return True
+    text = str(err)
+    return any(sign in text for sign in ("gloo", "NCCL", "Timed out", "timed out", "Connection closed"))

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+import torch
+from accelerate import Accelerator
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -41,6 +43,25 @@ class StepLines:
         losses = " ".join(f"{k} {v:.4g}" for k, v in values.items() if k == "loss" or k.endswith("/loss"))
         return (f"step {step}/{self.total} {losses} lr {values.get('lr', 0.0):.3g} "
                 f"{values.get('samples_per_s', 0.0):.1f} samples/s ETA {duration(left)}")
+
+
+@dataclass
+class StepLogs:
+    """Per-step scalars kept on device between log steps (one host sync per log interval)."""
+
+    values: dict[str, list[Tensor]] = field(default_factory=dict)
+
+    def add(self, name: str, value: Tensor) -> None:
+        self.values.setdefault(name, []).append(value.detach().float().reshape(()))
+
+    def reduce(self, accelerator: Accelerator) -> dict[str, float]:
+        if not self.values:
+            return {}
+        names = sorted(self.values)
+        means = torch.stack([torch.stack(self.values[n]).mean() for n in names])
+        means = accelerator.reduce(means, reduction="mean")
+        self.values.clear()
+        return dict(zip(names, means.tolist()))
 
 
 @dataclass

@@ -31,15 +31,15 @@ from genforge.core.files import write_atomically
 from genforge.core.precision import check_precision
 from genforge.core.random import BatchRandom
 from genforge.core.status import console
-from genforge.core.task import Batch, Task
-from genforge.data.base import DataInfo, missing_field_error
+from genforge.core.task import Task
+from genforge.data.base import DataInfo, missing_field
 from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, check_enough_samples, data_info,
                                   refuse_unreadable_start)
 from genforge.engine.checkpoint import CheckpointDir, CheckpointError, step_dir_name
-from genforge.engine.collectives import gather_rows, main_decides
+from genforge.engine.collectives import gather_rows, main_decides, peer_failed
 from genforge.engine.ema import EMA, ema_phases
 from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
-from genforge.engine.logging import RunLogger, RunOutcome, StepLines, write_samples
+from genforge.engine.logging import RunLogger, RunOutcome, StepLines, StepLogs, write_samples
 from genforge.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler
 from genforge.engine.preemption import Preempted, StopRequests
 from genforge.engine.resume import (STATE_PIECES, initialise_from, plan_start, record_config_changes, restore)
@@ -51,24 +51,6 @@ from genforge.eval.run import evaluate_task, write_eval_results
 __all__ = ["STATE_PIECES", "Trainer", "TrainingError", "TrainingRun", "resolve_run_dir"]
 
 MIN_READS_FOR_BAD_FRACTION = 100  # do not judge data.max_bad_fraction on a handful of samples
-
-
-def _collective_failure(err: BaseException) -> bool:
-    """An error raised because a peer process died or hung (gloo/NCCL timeouts and closed connections)."""
-    if isinstance(err, torch.distributed.DistError):
-        return True
-    text = str(err)
-    return any(sign in text for sign in ("gloo", "NCCL", "Timed out", "timed out", "Connection closed"))
-
-
-def _missing_field(err: KeyError, batch: dict[str, Any], missing: dict[str, str]) -> Exception:
-    """A task's KeyError for a Batch field the data does not have, as a BadDataError naming the field and a sample
-    that lacks it (`missing`: collate's record of fields some samples lacked); any other KeyError unchanged."""
-    name = err.args[0] if err.args else None
-    if not isinstance(name, str) or name not in Batch.__annotations__ or name in batch:
-        return err
-    keys = batch.get("key") or [None]
-    return missing_field_error(name, missing.get(name, keys[0]))
 
 
 def resolve_run_dir(base: Path, fresh: bool) -> Path:
@@ -97,25 +79,6 @@ class TrainingRun:
     config_dict: dict[str, Any] = field(default_factory=dict)  # for wandb
     # what this config changes from the one in a run directory (None: it has none); ConfigError: not allowed
     changes_from: Callable[[Path], list[ConfigChange] | None] = lambda run_dir: []
-
-
-@dataclass
-class StepLogs:
-    """Per-step scalars kept on device between log steps (one host sync per log interval)."""
-
-    values: dict[str, list[Tensor]] = field(default_factory=dict)
-
-    def add(self, name: str, value: Tensor) -> None:
-        self.values.setdefault(name, []).append(value.detach().float().reshape(()))
-
-    def reduce(self, accelerator: Accelerator) -> dict[str, float]:
-        if not self.values:
-            return {}
-        names = sorted(self.values)
-        means = torch.stack([torch.stack(self.values[n]).mean() for n in names])
-        means = accelerator.reduce(means, reduction="mean")
-        self.values.clear()
-        return dict(zip(names, means.tolist()))
 
 
 class Trainer:
@@ -240,7 +203,7 @@ class Trainer:
             with StopRequests() as stop:
                 self._loop(stop, stop_at)
         except RuntimeError as err:
-            if isinstance(err, (TrainingError, CheckpointError)) or not _collective_failure(err):
+            if isinstance(err, (TrainingError, CheckpointError)) or not peer_failed(err):
                 raise
             raise TrainingError(f"rank {acc.process_index}: a collective operation failed, so another process "
                                 f"died or hung (train.dist_timeout_s={self.run.train.dist_timeout_s}): {err}") from err
@@ -351,7 +314,7 @@ class Trainer:
                     try:
                         loss, extra = self.parallel_task(batch, phase, step)
                     except KeyError as err:
-                        raise _missing_field(err, batch, missing) from None
+                        raise missing_field(err, batch, missing) from None
                 acc.backward(loss / len(batches))
                 total += loss.detach().float() / len(batches)
                 for name, value in extra.items():
