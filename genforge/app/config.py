@@ -13,9 +13,9 @@ import yaml
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_model, model_validator
 
 import genforge.app.plugins  # noqa: F401  (fills the registries RunConfig is assembled from)
+from genforge.app.migrations import SCHEMA_VERSION, migrate
 from genforge.core.config import (ConfigError, DataConfig, EvalConfig, FamilyConfig, LogConfig, StrictModel,
                                   TrainConfig)
-from genforge.core.family import canonical_family
 from genforge.core.registry import FAMILIES, METRICS
 from genforge.data.base import source_of
 from genforge.eval.metrics import check_metrics
@@ -32,6 +32,8 @@ class RunConfig(StrictModel):
 
     may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"name", "description"})
 
+    schema_version: int = Field(SCHEMA_VERSION, description="the config schema this mapping is written in; older "
+                                                            "ones are migrated on load (genforge.app.migrations)")
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="default run directory name")
     description: str = ""
     model: SerializeAsAny[FamilyConfig]
@@ -48,13 +50,9 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _family_aliases(cls, obj: Any) -> Any:
-        """A former family name (`model.family: dit`) means the family that took it over (`diffusion`)."""
-        if isinstance(obj, dict) and isinstance(obj.get("model"), dict) and "family" in obj["model"]:
-            family = canonical_family(str(obj["model"]["family"]))
-            if family != obj["model"]["family"]:
-                obj = {**obj, "model": {**obj["model"], "family": family}}
-        return obj
+    def _migrate(cls, obj: Any) -> Any:
+        """A mapping of an older schema (or none: version 0) in today's spelling (genforge.app.migrations)."""
+        return migrate(obj) if isinstance(obj, dict) else obj
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

@@ -4,7 +4,7 @@ conditioned on CLIP image embeddings."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -13,10 +13,6 @@ from genforge.core.config import DataConfig, FamilyConfig, SampleOptions, Strict
 from genforge.diffusion.config import DiffusionConfig
 from genforge.nn.unet import UNetConfig
 from genforge.text.config import TextEncoderConfig
-
-
-# the model keys a resolved config.yaml of a run written before `text_phase` holds (Dalle2DecoderConfig)
-OLD_RESOLVED_KEYS = frozenset({"stages", "train_unets", "embedder", "text", "image_embed_dropout", "text_dropout"})
 
 
 class StageConfig(StrictModel):
@@ -136,21 +132,6 @@ class Dalle2DecoderConfig(FamilyConfig):
     image_embed_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="share of training rows with the null image "
                                                                         "embedding, for guidance (DALL·E 2 §2.1)")
     text_dropout: float = Field(0.5, ge=0.0, lt=1.0, description="share of rows with the caption dropped (§2.1)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_runs_keep_their_cascade(cls, data: Any) -> Any:
-        """The config.yaml of a run written before `conditioned`, `blur_prob`, `text_phase` and
-        `embedder.normalize` (resolved configs hold every field: these six keys, and no text_phase) keeps what it
-        trained with: every stage conditioned, every row blurred, embeddings as their source gives them."""
-        if not (isinstance(data, dict) and OLD_RESOLVED_KEYS <= data.keys() and "text_phase" not in data):
-            return data
-        data = dict(data)
-        data["stages"] = [{"conditioned": True, "blur_prob": 1.0, **stage} if isinstance(stage, dict) else stage
-                          for stage in data["stages"]]
-        if isinstance(data["embedder"], dict):
-            data["embedder"] = {"normalize": False, **data["embedder"]}
-        return data
 
     @model_validator(mode="after")
     def _cascade(self) -> "Dalle2DecoderConfig":
