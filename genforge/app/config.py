@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any, Union
 
 import yaml
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_model, model_validator
 
 import genforge.app.plugins  # noqa: F401  (fills the registries RunConfig is assembled from)
 from genforge.app.migrations import SCHEMA_VERSION, migrate
-from genforge.core.config import (ConfigError, DataConfig, EvalConfig, FamilyConfig, LogConfig, StrictModel,
-                                  TrainConfig)
+from genforge.core.config import (ConfigError, DataConfig, EvalConfig, FamilyConfig, LogConfig, OnResume,
+                                  StrictModel, TrainConfig)
 from genforge.core.registry import FAMILIES, METRICS
 from genforge.data.base import source_of
 from genforge.eval.metrics import check_metrics
@@ -30,12 +30,11 @@ class RunConfig(StrictModel):
     """A complete, validated training run. `RunConfig.model_validate` checks `model` against the families registered
     at the time (`run_config_type`)."""
 
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"name", "description"})
-
     schema_version: int = Field(SCHEMA_VERSION, description="the config schema this mapping is written in; older "
                                                             "ones are migrated on load (genforge.app.migrations)")
-    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="default run directory name")
-    description: str = ""
+    name: Annotated[str, OnResume.CHANGE] = Field(
+        "run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="default run directory name")
+    description: Annotated[str, OnResume.CHANGE] = ""
     model: SerializeAsAny[FamilyConfig]
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()

@@ -4,12 +4,12 @@ conditioned on CLIP image embeddings."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
-from genforge.core.config import DataConfig, FamilyConfig, SampleOptions, StrictModel
+from genforge.core.config import DataConfig, FamilyConfig, OnResume, SampleOptions, StrictModel
 from genforge.diffusion.config import DiffusionConfig
 from genforge.nn.unet import UNetConfig
 from genforge.text.config import TextEncoderConfig
@@ -21,9 +21,6 @@ class StageConfig(StrictModel):
     and (upsamplers) how the low-resolution conditioning image is degraded in training: Gaussian blur in `blur_prob` of
     the rows (DALL·E 2, App. C; Cascaded Diffusion Models, Ho et al. 2022, §3.1: half of them) and Gaussian noise
     augmentation of a random level, which the U-Net is told (Ho et al. 2022, §4.2)."""
-
-    # sampling only, or the training augmentation from the resumed step on
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"lowres_noise_sample", "blur_prob"})
 
     image_size: int = Field(gt=0, description="side of this stage's output; the last stage's is data.image_size")
     unet: UNetConfig = UNetConfig()
@@ -37,16 +34,16 @@ class StageConfig(StrictModel):
     blur_sigma: tuple[float, float] = Field((0.4, 0.6), description="upsamplers: σ (pixels) of the training blur of "
                                                                     "the low-res image, drawn uniformly in range")
     blur_kernel: int = Field(3, ge=1, le=15, description="upsamplers: blur kernel side (odd)")
-    blur_prob: float = Field(0.5, ge=0.0, le=1.0, description="upsamplers: share of training rows whose low-res "
-                                                              "image is blurred, drawn per row (Cascaded Diffusion "
-                                                              "Models §3.1, DALLE2-pytorch: 0.5; the others are "
-                                                              "clean, as at sampling); 1: every row")
+    blur_prob: Annotated[float, OnResume.CHANGE] = Field(
+        0.5, ge=0.0, le=1.0, description="upsamplers: share of training rows whose low-res image is blurred, drawn "
+                                         "per row (Cascaded Diffusion Models §3.1, DALLE2-pytorch: 0.5; the others "
+                                         "are clean, as at sampling); 1: every row")
     lowres_noise_max: float = Field(0.2, ge=0.0, le=1.0, description="upsamplers: training noise-augmentation level "
                                                                      "drawn uniformly in [0, this) (share of the "
                                                                      "augmentation schedule's 1000 steps)")
-    lowres_noise_sample: float = Field(0.05, ge=0.0, le=1.0, description="upsamplers: the augmentation level used "
-                                                                         "when sampling (DALLE2-pytorch: 0.2 of "
-                                                                         "training levels in [0, 1))")
+    lowres_noise_sample: Annotated[float, OnResume.CHANGE] = Field(
+        0.05, ge=0.0, le=1.0, description="upsamplers: the augmentation level used when sampling (DALLE2-pytorch: "
+                                          "0.2 of training levels in [0, 1))")
 
     @model_validator(mode="after")
     def _blur(self) -> "StageConfig":
@@ -113,14 +110,12 @@ class Dalle2DecoderConfig(FamilyConfig):
     with its optimizer (`train.phases.unet2.lr`) and EMA; `train_unets` picks the ones this run trains."""
 
     family: Literal["dalle2_decoder"] = "dalle2_decoder"
-    # the stages this run trains
-    may_change_on_resume: ClassVar[frozenset[str]] = FamilyConfig.may_change_on_resume | frozenset({"train_unets"})
     default_metrics: ClassVar[tuple[str, ...]] = ("fid",)
     sample_options: ClassVar[type[SampleOptions]] = Dalle2SampleOptions
     stages: list[StageConfig] = Field(min_length=1)
-    train_unets: list[int] | None = Field(None, description="1-based stages this run trains (DALLE2-pytorch's "
-                                                            "unet_training_mask); the others stay bit-for-bit as "
-                                                            "they are; default: all")
+    train_unets: Annotated[list[int] | None, OnResume.CHANGE] = Field(
+        None, description="1-based stages this run trains (DALLE2-pytorch's unet_training_mask); the others stay "
+                          "bit-for-bit as they are; default: all")
     embedder: EmbedderConfig
     text: TextEncoderConfig | None = Field(None, description="also condition the conditioned U-Nets on the "
                                                              "caption's text encodings (GLIDE's text context); "
