@@ -54,11 +54,6 @@ class PhenakiConfig(MaskedTokenConfig):
         0.0, ge=0.0, le=1.0, description="share of training clips masked in frame order: a random token frame partly "
                                          "hidden (γ(r)), the frames before it visible, those after it hidden; the "
                                          "rest masked as MaskGIT (uniformly)")
-    frame_order_loss: Annotated[Literal["all", "frame"], OnResume.CHANGE] = Field(
-        "all", description="the tokens a frame-ordered clip scores: all: every hidden one, the later token frames "
-                           "too (predicted from an unfinished frame); frame: only the hidden tokens of the frame being "
-                           "decoded, the later frames hidden as when decoding and not scored (the conditional "
-                           "decode_order=frames samples, alone)")
 
     def check_data(self, data: DataConfig) -> None:
         if data.source == "cache" and self.tokens.codec != "tokenizer":
