@@ -1,15 +1,18 @@
 """How much config a reader has to hold: the pydantic classes reachable from the run config of every registered
-family, and their fields.
+family, their fields, and the fields written out in the source.
 
-    python benchmarks/config_size.py            # totals
-    python benchmarks/config_size.py --classes  # one line per class: its fields
+    PYTHONPATH=. python benchmarks/config_size.py            # totals (this checkout's genforge)
+    PYTHONPATH=. python benchmarks/config_size.py --classes  # one line per class: fields, declared
 
-A class is counted once however many sections use it; a field is one entry of a class's `model_fields`.
+A class is counted once however many sections use it; its fields are the entries of its `model_fields`, and the
+declared ones those its own class body writes (not inherited, not generated, e.g. the all-optional copy of the
+optimizer settings a phase takes).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import typing
 from typing import Any, Iterator
 
@@ -39,15 +42,31 @@ def reachable(root: type[BaseModel]) -> list[type[BaseModel]]:
     return list(seen)
 
 
+def written(classes: list[type[BaseModel]]) -> list[type[BaseModel]]:
+    """The classes a reader reads for `classes`: each with its config base classes, those a module defines by
+    name (not generated with create_model)."""
+    found = {base: None for cls in classes for base in cls.__mro__
+             if isinstance(base, type) and issubclass(base, BaseModel) and base is not BaseModel}
+    return [cls for cls in found if getattr(sys.modules[cls.__module__], cls.__qualname__, None) is cls]
+
+
+def declared(cls: type[BaseModel]) -> int:
+    """The fields the class body of `cls` writes itself."""
+    return sum(name in cls.model_fields for name in vars(cls).get("__annotations__", {}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--classes", action="store_true", help="list every class with its number of fields")
+    parser.add_argument("--classes", action="store_true", help="list every class: its fields, those it declares")
     args = parser.parse_args()
-    classes = reachable(run_config_type())
+    sections = reachable(run_config_type())
+    source = written(sections)
     if args.classes:
-        for cls in sorted(classes, key=lambda c: f"{c.__module__}.{c.__qualname__}"):
-            print(f"{len(cls.model_fields):4d}  {cls.__module__}.{cls.__qualname__}")
-    print(f"config classes: {len(classes)}  fields: {sum(len(cls.model_fields) for cls in classes)}")
+        for cls in sorted(set(sections) | set(source), key=lambda c: f"{c.__module__}.{c.__qualname__}"):
+            fields = len(cls.model_fields) if cls in sections else "-"
+            print(f"{fields:>4} {declared(cls) if cls in source else '-':>4}  {cls.__module__}.{cls.__qualname__}")
+    print(f"sections: {len(sections)} classes, {sum(len(cls.model_fields) for cls in sections)} fields; as written: "
+          f"{len(source)} classes, {sum(declared(cls) for cls in source)} fields declared")
 
 
 if __name__ == "__main__":

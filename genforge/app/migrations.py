@@ -85,7 +85,51 @@ def _dalle2_cascade(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-MIGRATIONS: tuple[Migration, ...] = (_former_family_names, _gan_penalty, _dvae_schedule, _dalle2_cascade)
+def _phenaki_frame_order_loss(raw: dict[str, Any]) -> dict[str, Any]:
+    """5: phenaki's `frame_order_loss` is gone (scoring only the decoded frame did not help: docs/phenaki.md); a
+    frame-ordered clip scores every hidden token, as `all` did. A run trained with `frame` loads and samples as it
+    did (the key never acted on sampling) and resumes scoring every hidden token, a change a resume could always
+    make."""
+    model = _model(raw, "phenaki")
+    if model is not None:
+        model.pop("frame_order_loss", None)
+    return raw
+
+
+# the DiT's keys, flat on the diffusion family's model section before `model.backbone` held them
+_DIT_KEYS = ("size", "depth", "hidden_size", "num_heads", "patch_size", "mlp_ratio")
+
+
+def _diffusion_backbone(raw: dict[str, Any]) -> dict[str, Any]:
+    """6: the diffusion family's backbone is one section, `model.backbone`, of `kind` dit or unet. Before, the
+    DiT's keys (size, depth, hidden_size, num_heads, patch_size, mlp_ratio) were flat on `model`, the U-Net's in
+    `model.unet`, and `model.backbone` was the name of the one used (dit by default): its keys move into
+    `model.backbone` and the other's, which it ignored, are dropped. An old key beside a `model.backbone` section
+    (e.g. `--set model.depth=3` on a preset of today) sets that key of the section when it is of that backbone."""
+    model = _model(raw, "diffusion")
+    if model is None:
+        return raw
+    old = {"dit": {key: model.pop(key) for key in _DIT_KEYS if key in model}}
+    if "unet" in model:
+        old["unet"] = model.pop("unet")
+    if not isinstance(old.get("unet", {}), dict):
+        raise ValueError(f"model.unet={old['unet']!r} must be a section (today model.backbone with kind: unet)")
+    backbone = model.get("backbone", "dit" if old["dit"] or "unet" in old else None)
+    if isinstance(backbone, str):  # the old spelling throughout: the named backbone's keys, the other's dropped
+        model["backbone"] = {"kind": backbone, **old.get(backbone, {})}
+    elif isinstance(backbone, dict):
+        kind = backbone.get("kind", "dit")
+        for other, keys in old.items():
+            if other != kind and keys:
+                where = "model.unet" if other == "unet" else f"model.{next(iter(keys))}"
+                raise ValueError(f"{where} sets the {other} backbone's keys, but model.backbone.kind is {kind}; "
+                                 f"they are model.backbone's keys now, with model.backbone.kind={other}")
+        model["backbone"] = {**backbone, **old.get(kind, {})}
+    return raw
+
+
+MIGRATIONS: tuple[Migration, ...] = (_former_family_names, _gan_penalty, _dvae_schedule, _dalle2_cascade,
+                                     _phenaki_frame_order_loss, _diffusion_backbone)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

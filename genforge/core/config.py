@@ -188,8 +188,10 @@ class DataConfig(StrictModel):
                                                                 "key that give its row (img2dataset: 4)")
     shapes: ShapesConfig = ShapesConfig()
     video: VideoConfig = VideoConfig()
-    images: JointImagesConfig | None = Field(None, description="video sources: images trained on as 1-frame clips "
-                                                               "in a share of the steps (joint image + video)")
+    images: JointImagesConfig | None = Field(
+        None, description="video sources: images trained on as 1-frame clips in a share of the steps (joint image + "
+                          "video, Phenaki §3.1); kept though it did not help phenaki on moving shapes "
+                          "(docs/phenaki.md): real clips are scarcer than images, the case it was made for")
 
     @model_validator(mode="after")
     def _source_checks(self) -> "DataConfig":

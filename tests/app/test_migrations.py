@@ -24,6 +24,12 @@ def test_a_config_without_a_version_goes_through_every_step():
     assert raw["model"]["family"] == "dit"  # the caller's mapping is left as it was
 
 
+@pytest.mark.parametrize("loss", ["all", "frame"])
+def test_phenakis_removed_frame_order_loss_is_dropped(loss):
+    migrated = migrate({"model": {"family": "phenaki", "frame_order_prob": 0.5, "frame_order_loss": loss}})
+    assert migrated["model"] == {"family": "phenaki", "frame_order_prob": 0.5}
+
+
 def test_a_current_version_is_not_migrated_again():
     raw = {"schema_version": SCHEMA_VERSION, "model": {"family": "dvae", "anneal_rate": 1e-6}}
     assert "temperature_schedule" not in migrate(raw)["model"]
@@ -52,3 +58,25 @@ def test_old_runs_load_and_write_todays_version(run, tmp_path):
     assert cfg.schema_version == SCHEMA_VERSION
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))
     assert load_config(str(tmp_path / "config.yaml")) == cfg
+
+
+def test_the_flat_dit_keys_and_model_unet_move_into_the_backbone_section():
+    flat = {"family": "diffusion", "backbone": "dit", "unet": {"dim": 8}, "size": "S/4", "depth": 2,
+            "hidden_size": None, "mlp_ratio": 2.0}
+    assert migrate({"model": flat})["model"] == {
+        "family": "diffusion", "backbone": {"kind": "dit", "size": "S/4", "depth": 2, "hidden_size": None,
+                                            "mlp_ratio": 2.0}}  # the U-Net's keys, ignored then, dropped
+    unet = {"family": "diffusion", "backbone": "unet", "unet": {"dim": 8}, "size": "S/2", "depth": None}
+    assert migrate({"model": unet})["model"] == {"family": "diffusion", "backbone": {"kind": "unet", "dim": 8}}
+    assert migrate({"model": {"family": "diffusion", "size": "B/4"}})["model"]["backbone"] == {"kind": "dit",
+                                                                                               "size": "B/4"}
+    assert migrate({"model": {"family": "diffusion", "backbone": "unet"}})["model"]["backbone"] == {"kind": "unet"}
+
+
+def test_an_old_key_set_on_todays_spelling_sets_that_key_of_the_backbone():
+    cfg = load_config("dit-debug", ["model.depth=3", "model.mlp_ratio=2"])
+    assert cfg.model.backbone.dims()["depth"] == 3 and cfg.model.backbone.mlp_ratio == 2
+    assert load_config("unet-shapes", ["model.unet.dim=16"]).model.backbone.dim == 16
+    assert load_config("dit-debug", ["model.backbone=unet", "model.unet.dim=16"]).model.backbone.dim == 16
+    with pytest.raises(ConfigError, match="model.unet sets the unet backbone's keys, but model.backbone.kind is dit"):
+        load_config("dit-debug", ["model.unet.dim=16"])

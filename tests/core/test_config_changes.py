@@ -41,7 +41,7 @@ def test_what_only_acts_from_the_resumed_step_on_may_change(preset, override, fi
 
 
 @pytest.mark.parametrize("preset, override, field", [
-    ("dit-debug", "model.depth=3", "model.depth"),
+    ("dit-debug", "model.backbone.depth=3", "model.backbone.depth"),
     ("dit-debug", "model.diffusion.noise_schedule=cosine", "model.diffusion.noise_schedule"),
     ("dit-debug", "train.batch_size=4", "train.batch_size"),
     ("dit-debug", "train.seed=1", "train.seed"),
