@@ -254,5 +254,5 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] | None = None) ->
 
 
 def to_yaml(config: RunConfig) -> str:
-    """The resolved config as YAML (round-trips through load_config)."""
+    """The resolved config as YAML, `schema_version` first (round-trips through load_config)."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
