@@ -2,7 +2,7 @@
 
     python benchmarks/activation_memory.py                                   # dit-shapes (DiT-S/2), unet-shapes
     python benchmarks/activation_memory.py --presets dit-shapes --batch 32
-    python benchmarks/activation_memory.py --presets dit-shapes --set model.size=S/2   # DiT-S/2 itself
+    python benchmarks/activation_memory.py --presets dit-shapes --set model.backbone.size=S/2   # DiT-S/2 itself
 
 The bytes a step keeps for backward are counted exactly: every tensor autograd saves passes through
 `torch.autograd.graph.saved_tensors_hooks`, which adds up its size (what a CUDA allocator's peak would add on top of

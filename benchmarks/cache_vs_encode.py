@@ -8,7 +8,7 @@ an A100.
 
     python benchmarks/cache_vs_encode.py runs/klvae-shapes                     # a trained KL-VAE run
     python benchmarks/cache_vs_encode.py --tokenizer-preset klvae-debug        # train one for 1 step first
-    python benchmarks/cache_vs_encode.py runs/vae --set model.size=XL/2 --set train.precision=bf16 --batch 64
+    python benchmarks/cache_vs_encode.py runs/vae --set model.backbone.size=XL/2 --set train.precision=bf16 --batch 64
 
 The tokenizer's own data section (its config.yaml) gives the images, with `data.shapes.n=--n` for shapes.
 Timing does not depend on how well the tokenizer is trained, so `--tokenizer-preset` trains it for one step.
@@ -31,8 +31,7 @@ from genforge.data.cache import manifest_summary
 from genforge.app.runs import load_codec, make_trainer
 
 # DiT-S/2 as in the paper; --set overrides come after these
-DEFAULT_DIT = ["model.size=S/2", "model.depth=null", "model.hidden_size=null", "model.num_heads=null",
-               "model.patch_size=null"]
+DEFAULT_DIT = ["model.backbone={kind: dit, size: S/2}"]
 
 
 def steps_per_second(cfg: RunConfig, run_dir: Path) -> float:
@@ -86,8 +85,8 @@ def main() -> None:
         pixels = dit_config(args, tokenizer, data.model_dump(), args.steps)
         cached = dit_config(args, tokenizer, {**data.model_dump(), "source": "cache", "path": str(tmp / "cache")},
                             args.steps)
-        m = pixels.model
-        print(f"DiT {m.size} {m.dims()} on {'x'.join(map(str, manifest.shape))} latents of "
+        dit = pixels.model.backbone
+        print(f"DiT {dit.size} {dit.dims()} on {'x'.join(map(str, manifest.shape))} latents of "
               f"{data.image_size} px {data.source} images ({info.family} {tokenizer}), batch {args.batch}, "
               f"train.precision={cached.train.precision}, {device}, {args.threads} threads, "
               f"{data.num_workers} data workers")

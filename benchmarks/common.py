@@ -61,9 +61,8 @@ def train_one_step(preset: str, overrides: list[str], run_dir: Path) -> Path:
 
 # The paper's DiT diffusion (ε-prediction, linear schedule, learned sigma with the hybrid loss) and 1000 classes, at
 # 32x32 inputs with patch 2 (256 tokens, as 256-px images through the SD VAE give), whatever dit-shapes sets itself.
-DIT_PAPER = ["model.depth=null", "model.hidden_size=null", "model.num_heads=null", "model.patch_size=null",
-             "model.mlp_ratio=4", "model.num_classes=1000", "model.diffusion.prediction=eps",
-             "model.diffusion.noise_schedule=linear", "model.diffusion.learn_sigma=true"]
+DIT_PAPER = ["model.num_classes=1000", "model.diffusion.prediction=eps", "model.diffusion.noise_schedule=linear",
+             "model.diffusion.learn_sigma=true"]
 # A benchmark's trainer: nothing at the cadences, no progress bar, no TensorBoard
 QUIET = ["train.steps=1000000", "train.sample_every=0", "train.checkpoint_every=0", "eval.every=0",
          "log.tensorboard=false", "log.progress=false"]
@@ -89,17 +88,17 @@ def dit(size: str, image_size: int = 32, **dims: int) -> ModelSpec:
     pixels; at 32 px patch 2 gives the 256 tokens of 256-px images' 4x32x32 latents); `dims` override depth,
     hidden_size, num_heads, patch_size (tiny models)."""
     label = f"DiT-{size}" + ("" if not dims else " (" + ", ".join(f"{k} {v}" for k, v in dims.items()) + ")")
-    overrides = [f"model.size={size}", *DIT_PAPER, f"data.image_size={image_size}",
-                 *(f"model.{k}={v}" for k, v in dims.items())]
+    overrides = [f"model.backbone={{kind: dit, size: {size}}}", *DIT_PAPER, f"data.image_size={image_size}",
+                 *(f"model.backbone.{k}={v}" for k, v in dims.items())]
     return ModelSpec(label, "dit-shapes", tuple(overrides), reference=True)
 
 
 def unet(**unet_fields: Any) -> ModelSpec:
     """The default preset's model (unet-shapes: the ADM U-Net, rectified flow, 32 px); `unet_fields` override
-    model.unet (tiny models)."""
+    model.backbone (tiny models)."""
     label = "U-Net (unet-shapes)" + ("" if not unet_fields else
                                      " (" + ", ".join(f"{k} {v}" for k, v in unet_fields.items()) + ")")
-    return ModelSpec(label, "unet-shapes", tuple(f"model.unet.{k}={v}" for k, v in unet_fields.items()))
+    return ModelSpec(label, "unet-shapes", tuple(f"model.backbone.{k}={v}" for k, v in unet_fields.items()))
 
 
 def compile_overrides(compiled: bool) -> list[str]:
@@ -356,7 +355,8 @@ def time_reference(repo: Path, spec: ModelSpec, batch: int, precision: str, step
     cfg = spec.config()
     size = cfg.data.image_size
     torch.manual_seed(0)
-    model = models.DiT(input_size=size, num_classes=1000, mlp_ratio=cfg.model.mlp_ratio, **cfg.model.dims())
+    backbone = cfg.model.backbone
+    model = models.DiT(input_size=size, num_classes=1000, mlp_ratio=backbone.mlp_ratio, **backbone.dims())
     model = model.to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
     diffusion = diffusion_pkg.create_diffusion(timestep_respacing="")

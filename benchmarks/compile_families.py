@@ -31,8 +31,8 @@ from genforge.data.loader import StepBatchSampler, build_dataset, data_info
 # (preset, overrides): one per family, plus the DiT task's U-Net backbone
 VARIANTS = [
     ("dit-debug", []),
-    ("dit-debug", ["model.backbone=unet", "model.unet.dim=16", "model.unet.dim_mults=[1,2]",
-                   "model.unet.num_res_blocks=1", "model.unet.attention_levels=[1]", "model.unet.head_dim=16"]),
+    ("dit-debug", ["model.backbone={kind: unet, dim: 16, dim_mults: [1, 2], num_res_blocks: 1, "
+                   "attention_levels: [1], head_dim: 16}"]),
     ("klvae-debug", []),
     ("vqgan-debug", []),
     ("dvae-debug", []),

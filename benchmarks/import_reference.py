@@ -50,7 +50,7 @@ def main() -> None:
         with torch.no_grad():
             theirs, ours = official(x, t, y), dit(x, t, y)
     model = imported.config.model
-    print(f"imported DiT-{args.size}: size {model.size}, {model.num_classes} classes, "
+    print(f"imported DiT-{args.size}: size {model.backbone.size}, {model.num_classes} classes, "
           f"{imported.config.data.image_size}px through the stand-in VAE")
     print(f"output scale (mean |official|): {theirs.abs().mean():.4f}")
     print(f"max |official - imported|:      {(theirs - ours).abs().max():.2e}")

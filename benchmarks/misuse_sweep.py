@@ -93,8 +93,10 @@ class Fixtures:
         return self._once("good-run", self._train)
 
     def narrow_run(self) -> Path:
-        """A dit-debug run of another width (model.hidden_size=32): weights of the wrong shape for the good run."""
-        return self._once("narrow-run", lambda path: self._train(path, "train.steps=2", "model.hidden_size=32"))
+        """A dit-debug run of another width (model.backbone.hidden_size=32): weights of the wrong shape for the good
+        run."""
+        return self._once("narrow-run",
+                          lambda path: self._train(path, "train.steps=2", "model.backbone.hidden_size=32"))
 
     def shards(self) -> Path:
         """4 webdataset shards of 12 shapes each (.png, .txt, .cls)."""
@@ -381,7 +383,7 @@ def resume_cases(fx: Fixtures) -> list[Case]:
     def changed_depth(folder: Path, state: dict) -> list[str]:
         run = fx.copy_of_good_run(folder)
         state["before"] = snapshot(run)
-        return ["train", "dit-debug", "--run-dir", str(run), *sets(*QUICK, "model.depth=3")]
+        return ["train", "dit-debug", "--run-dir", str(run), *sets(*QUICK, "model.backbone.depth=3")]
 
     def untouched(folder: Path, state: dict) -> str | None:
         after = snapshot(folder / "run")
@@ -392,14 +394,14 @@ def resume_cases(fx: Fixtures) -> list[Case]:
     def sample_refused(folder: Path, state: dict) -> list[str]:
         refused = genforge(*changed_depth(folder, state))  # the refused resume of the case above
         if refused.returncode != 2:
-            raise RuntimeError(f"the resume with model.depth=3 exited {refused.returncode}")
+            raise RuntimeError(f"the resume with model.backbone.depth=3 exited {refused.returncode}")
         return ["sample", str(folder / "run"), "--n", "2", "--out", str(folder / "grid.png")]
 
     return [
         Case("resume-changed-lr", "resume, train.lr 1e-3 -> 3e-4, steps 4 -> 6", changed_lr, 0,
              ("resuming with a changed config", "train.lr: 0.001 -> 0.0003"), lr_recorded, changes_state=True),
-        Case("resume-changed-depth", "resume with model.depth 2 -> 3", changed_depth, 2,
-             ("may not change", "model.depth: 2 -> 3"), untouched),
+        Case("resume-changed-depth", "resume with model.backbone.depth 2 -> 3", changed_depth, 2,
+             ("may not change", "model.backbone.depth: 2 -> 3"), untouched),
         Case("resume-refused-then-sample", "`sample` the run after the refused resume", sample_refused, 0,
              ("wrote 2 samples",), lambda folder, state: None if (folder / "grid.png").is_file() else "no grid.png"),
     ]

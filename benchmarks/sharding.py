@@ -2,7 +2,7 @@
 
     python benchmarks/sharding.py                       # dit-shapes and maskgit-shapes
     python benchmarks/sharding.py --presets dit-debug   # any presets
-    python benchmarks/sharding.py --presets dit-shapes --set model.size=B/2   # overrides for every preset
+    python benchmarks/sharding.py --presets dit-shapes --set model.backbone.size=B/2   # overrides for every preset
 
 maskgit-shapes runs on the colour stand-in tokens (4x4 blocks, 64 ids) instead of its VQGAN run's cache, so that
 nothing has to be trained first; its transformer (6 x 128) is the preset's.

@@ -497,8 +497,8 @@ def import_(
     except OSError as err:
         _fail(f"--out {out}: cannot write it ({err.strerror or err})", code=1)
     model = imported.config.model
-    typer.echo(f"imported {imported.source_format} from {source}: {model.family} {model.backbone} "
-               f"(size {model.size}, {imported.config.data.image_size}px, {model.num_classes or 0} classes)")
+    typer.echo(f"imported {imported.source_format} from {source}: {model.family} {model.backbone.kind} "
+               f"(size {model.backbone.size}, {imported.config.data.image_size}px, {model.num_classes or 0} classes)")
     for note in imported.notes:
         typer.echo(f"note: {note}")
     typer.echo(f"wrote {imported.checkpoint}")

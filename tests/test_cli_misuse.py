@@ -67,14 +67,14 @@ def test_a_refused_resume_leaves_config_yaml_as_it_was(tmp_path):
     tiny = ["--set", "train.steps=2", "--set", "train.checkpoint_every=2", "--set", "train.sample_every=0"]
     assert runner.invoke(app, ["train", "dit-debug", "--run-dir", str(run), *tiny]).exit_code == 0
     before = (run / "config.yaml").read_text()
-    out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(run), *tiny, "--set", "model.hidden_size=32",
-                              "--set", "train.steps=4"])
-    assert out.exit_code == 2 and "model.hidden_size: 64 -> 32" in out.output, out.output
+    out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(run), *tiny, "--set",
+                              "model.backbone.hidden_size=32", "--set", "train.steps=4"])
+    assert out.exit_code == 2 and "model.backbone.hidden_size: 64 -> 32" in out.output, out.output
     assert (run / "config.yaml").read_text() == before
     assert runner.invoke(app, ["sample", str(run), "--n", "2", "--out", str(tmp_path / "s.png")]).exit_code == 0
-    dry = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(run), *tiny, "--set", "model.hidden_size=32",
-                              "--dry-run"])
-    assert dry.exit_code == 2 and "model.hidden_size: 64 -> 32" in dry.output  # --dry-run says it first
+    dry = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(run), *tiny, "--set",
+                              "model.backbone.hidden_size=32", "--dry-run"])
+    assert dry.exit_code == 2 and "model.backbone.hidden_size: 64 -> 32" in dry.output  # --dry-run says it first
     dry = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(run), *tiny, "--set", "train.steps=4",
                               "--dry-run"])
     assert dry.exit_code == 0 and "# changed on resume: train.steps: 2 -> 4" in dry.output, dry.output

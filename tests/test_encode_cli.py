@@ -82,7 +82,7 @@ def test_klvae_encode_dit_sample(tmp_path):
     assert out.exit_code == 0, out.output
     size = json.loads((cache / "cache.json").read_text())["preprocessing"]["image_size"]
     out = runner.invoke(app, ["train", "dit-latent-debug", "--run-dir", str(dit), *_dit_on_cache(
-        vae, cache, f"data.image_size={size}", "model.patch_size=1")])
+        vae, cache, f"data.image_size={size}", "model.backbone.patch_size=1")])
     assert out.exit_code == 0, out.output
     out = runner.invoke(app, ["sample", str(dit), "--n", "4", "--steps", "2", "--out", str(tmp_path / "g.png")])
     assert out.exit_code == 0, out.output

@@ -6,16 +6,17 @@ files and `--set key=value` overrides, all validated by the same pydantic models
 from __future__ import annotations
 
 import copy
+import typing
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any, Union
 
 import yaml
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_model, model_validator
 
 import genforge.app.plugins  # noqa: F401  (fills the registries RunConfig is assembled from)
-from genforge.core.config import (ConfigError, DataConfig, EvalConfig, FamilyConfig, LogConfig, StrictModel,
-                                  TrainConfig)
-from genforge.core.family import canonical_family
+from genforge.app.migrations import SCHEMA_VERSION, migrate
+from genforge.core.config import (ConfigError, DataConfig, EvalConfig, FamilyConfig, LogConfig, OnResume,
+                                  StrictModel, TrainConfig)
 from genforge.core.registry import FAMILIES, METRICS
 from genforge.data.base import source_of
 from genforge.eval.metrics import check_metrics
@@ -30,10 +31,11 @@ class RunConfig(StrictModel):
     """A complete, validated training run. `RunConfig.model_validate` checks `model` against the families registered
     at the time (`run_config_type`)."""
 
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"name", "description"})
-
-    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="default run directory name")
-    description: str = ""
+    schema_version: int = Field(SCHEMA_VERSION, description="the config schema this mapping is written in; older "
+                                                            "ones are migrated on load (genforge.app.migrations)")
+    name: Annotated[str, OnResume.CHANGE] = Field(
+        "run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="default run directory name")
+    description: Annotated[str, OnResume.CHANGE] = ""
     model: SerializeAsAny[FamilyConfig]
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
@@ -48,13 +50,9 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _family_aliases(cls, obj: Any) -> Any:
-        """A former family name (`model.family: dit`) means the family that took it over (`diffusion`)."""
-        if isinstance(obj, dict) and isinstance(obj.get("model"), dict) and "family" in obj["model"]:
-            family = canonical_family(str(obj["model"]["family"]))
-            if family != obj["model"]["family"]:
-                obj = {**obj, "model": {**obj["model"], "family": family}}
-        return obj
+    def _migrate(cls, obj: Any) -> Any:
+        """A mapping of an older schema (or none: version 0) in today's spelling (genforge.app.migrations)."""
+        return migrate(obj) if isinstance(obj, dict) else obj
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
@@ -181,42 +179,55 @@ def parse_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def _allowed_keys(loc: tuple[Any, ...]) -> list[str] | None:
-    """Field names of the config section at `loc` (the parent of an unknown key)."""
-    model: type[BaseModel] | None = run_config_type()
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config classes an annotation names, through Optional, unions, lists, dicts and Annotated."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+
+
+def _tag(section: type[BaseModel]) -> Any:
+    """The value a discriminated union knows `section` by: its `family` or `kind`."""
+    field = section.model_fields.get("family") or section.model_fields.get("kind")
+    return field.default if field is not None else None
+
+
+def _walk(loc: tuple[Any, ...]) -> tuple[list[str], list[type[BaseModel]]]:
+    """The parts of an error location that a config spells (the tags pydantic adds for a union's member left out),
+    and the config classes the location may end in."""
+    shown: list[str] = []
+    sections: list[type[BaseModel]] = [run_config_type()]
     for part in loc:
-        if model is None:
-            return None
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:  # a discriminator tag in the location: pick that family's class
-            model = FAMILIES.get(part).config if part in FAMILIES else None
-            continue
-        annotation = field.annotation
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-        if model is None:
-            for arg in getattr(annotation, "__args__", ()):
-                if isinstance(arg, type) and issubclass(arg, BaseModel):
-                    model = arg
-    return sorted(model.model_fields) if model else None
+        tagged = [section for section in sections if len(sections) > 1 and _tag(section) == part]
+        if tagged:
+            sections = tagged
+        elif len(sections) == 1 and part in sections[0].model_fields:
+            shown.append(str(part))
+            sections = _models_in(sections[0].model_fields[part].annotation)
+        else:  # a list index or a dict key: the same sections below it
+            shown.append(str(part))
+    return shown, sections
 
 
 def format_validation_error(err: ValidationError) -> str:
     """One line per problem: `field: what is wrong (got value)`."""
-    tags = set(FAMILIES)
+    families = ", ".join(sorted(FAMILIES))
     lines = []
     for e in err.errors():
-        loc = tuple(e["loc"])
-        shown = [str(p) for i, p in enumerate(loc) if not (i == 1 and loc[0] == "model" and p in tags)]
+        shown, sections = _walk(tuple(e["loc"]))
         field = ".".join(shown) or "config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(loc[:-1])
+            _, parents = _walk(tuple(e["loc"])[:-1])
+            allowed = sorted(parents[0].model_fields) if len(parents) == 1 else None
             msg = "unknown key" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
-        elif e["type"] == "missing" and loc == ("model",):
-            msg = f"required: a model section with `family` (one of {', '.join(sorted(tags))})"
+        elif e["type"] == "missing" and shown == ["model"]:
+            msg = f"required: a model section with `family` (one of {families})"
         elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            family = e["input"].get("family") if isinstance(e["input"], dict) else None
-            lines.append(f"{field}.family: {family!r} is not a family; allowed: {', '.join(sorted(tags))}")
+            key = "family" if shown == ["model"] else "kind"
+            value = e["input"].get(key) if isinstance(e["input"], dict) else None
+            allowed = families if key == "family" else ", ".join(sorted(str(_tag(s)) for s in sections))
+            lines.append(f"{field}.{key}: {value!r} is not a {key}; allowed: {allowed}")
             continue
         line = f"{field}: {msg}" if field != "config" else msg
         if e["type"] not in ("missing", "extra_forbidden", "value_error") and "input" in e:
@@ -243,5 +254,5 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] | None = None) ->
 
 
 def to_yaml(config: RunConfig) -> str:
-    """The resolved config as YAML (round-trips through load_config)."""
+    """The resolved config as YAML, `schema_version` first (round-trips through load_config)."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

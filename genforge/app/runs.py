@@ -298,8 +298,9 @@ def training_run(cfg: RunConfig) -> TrainingRun:
 
 def resume_changes(cfg: RunConfig, run_dir: Path) -> list[ConfigChange] | None:
     """The changes of `cfg` from the config.yaml of the run in `run_dir` that a resume applies (None when it has no
-    config.yaml). ConfigError (exit 2) listing every field that may not change on resume (the config sections'
-    `may_change_on_resume`, genforge.core.config.config_changes) with its old and new value."""
+    config.yaml, read through the migrations of genforge.app.migrations). ConfigError (exit 2) listing every field
+    that may not change on resume (the fields' OnResume markers, genforge.core.config.config_changes) with its old
+    and new value."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return None

@@ -5,17 +5,27 @@ assembled above the families (genforge.app.config); nothing below the applicatio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Literal
+from enum import Enum
+from typing import Annotated, Any, ClassVar, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from genforge.core.codec import InputRun
 from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
-__all__ = ["ConfigChange", "ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig", "PhaseConfig",
-           "SampleOptions",
-           "ShapesConfig", "StrictModel", "TrainConfig", "config_changes"]
+__all__ = ["ConfigChange", "ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig",
+           "OnResume", "OptimizerSettings", "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel",
+           "TrainConfig", "config_changes", "on_resume"]
+
+
+class OnResume(Enum):
+    """What a resumed run may do with a config field (`config_changes`), marked on the field:
+    `lr: Annotated[float, OnResume.CHANGE] = Field(...)`. A field without a marker may not change."""
+
+    CHANGE = "change"  # it only acts from the resumed step on: any new value
+    ADD = "add"  # it may go from None to a value: a part the checkpoint does not have yet, which starts fresh
 
 
 class StrictModel(BaseModel):
@@ -23,11 +33,18 @@ class StrictModel(BaseModel):
     infinite (a weight decay of inf or a guidance of NaN is refused naming its field, before anything runs)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
-    # What a resumed run may set otherwise than the run it resumes (`config_changes`): the fields of this section
-    # that only act from the resumed step on ("*": all of them), and those that may go from None to a value (a part
-    # the checkpoint does not have yet and that starts fresh, e.g. a token critic). Everything else is refused.
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset()
-    may_add_on_resume: ClassVar[frozenset[str]] = frozenset()
+    # the rule of every field of a section that has one for all of them (eval, log); else each field's marker
+    every_field_on_resume: ClassVar[OnResume | None] = None
+
+
+def on_resume(section: type[BaseModel], name: str) -> OnResume | None:
+    """What a resume may do with the field `name` of `section`: the section's rule for every field, else the
+    field's OnResume marker (None: it may not change)."""
+    rule = getattr(section, "every_field_on_resume", None)
+    field = section.model_fields.get(name)
+    if rule is None and field is not None:
+        rule = next((item for item in field.metadata if isinstance(item, OnResume)), None)
+    return rule
 
 
 @dataclass(frozen=True)
@@ -45,7 +62,7 @@ class ConfigChange:
 
 def config_changes(old: BaseModel, new: BaseModel) -> list[ConfigChange]:
     """Every leaf field whose value differs between the config `old` (of the run being resumed) and `new`, with
-    whether a resumed run may change it (the sections' `may_change_on_resume` / `may_add_on_resume`)."""
+    whether a resumed run may change it (the fields' OnResume markers, `on_resume`)."""
     return [ConfigChange(".".join(path), a, b, _may_change(new, path, a))
             for path, a, b in _differences(old.model_dump(mode="json"), new.model_dump(mode="json"), ())]
 
@@ -66,13 +83,13 @@ def _differences(old: Any, new: Any, path: tuple[str, ...]) -> Iterator[tuple[tu
 
 
 def _may_change(config: Any, path: tuple[str, ...], old: Any) -> bool:
-    """Whether a section on `path` through `config` (the new config) lets its field change on resume."""
+    """Whether a section on `path` through `config` (the new config) lets its field change on resume: a field
+    marked OnResume.CHANGE, with everything below it, or the last field of `path` marked OnResume.ADD and None in
+    the old config."""
     for depth, key in enumerate(path):
         if isinstance(config, StrictModel):
-            allowed = type(config).may_change_on_resume
-            if key in allowed or "*" in allowed:
-                return True
-            if old is None and depth == len(path) - 1 and key in type(config).may_add_on_resume:
+            rule = on_resume(type(config), key)
+            if rule is OnResume.CHANGE or (rule is OnResume.ADD and old is None and depth == len(path) - 1):
                 return True
             config = getattr(config, key, None)
         elif isinstance(config, dict):
@@ -142,9 +159,6 @@ class JointImagesConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where samples come from and how they are preprocessed."""
 
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"num_workers", "max_bad_fraction",
-                                                                "max_image_pixels"})
-
     source: str = Field("shapes", description="a registered data source (genforge.data): shapes, folder, shards, "
                                               "cache")
     path: str | None = Field(None, description="image folder (source=folder), webdataset shards: a path or URL "
@@ -158,10 +172,12 @@ class DataConfig(StrictModel):
                                                                   "(shards, by a seeded permutation)")
     test_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="held-out test share, split like val_fraction")
     split_seed: int = Field(0, ge=0, description="seed of the train / val / test split (folder, shards)")
-    num_workers: int = Field(2, ge=0, le=64, description="decoding worker processes per rank")
-    max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0,
-                                    description="stop when more than this share of samples read was unreadable")
-    max_image_pixels: int = Field(89_478_485, gt=0, description="larger images are refused as decompression bombs")
+    num_workers: Annotated[int, OnResume.CHANGE] = Field(2, ge=0, le=64,
+                                                         description="decoding worker processes per rank")
+    max_bad_fraction: Annotated[float, OnResume.CHANGE] = Field(
+        0.1, ge=0.0, le=1.0, description="stop when more than this share of samples read was unreadable")
+    max_image_pixels: Annotated[int, OnResume.CHANGE] = Field(
+        89_478_485, gt=0, description="larger images are refused as decompression bombs")
     shuffle_buffer: int = Field(1000, ge=0, description="source=shards: records shuffled within each worker's "
                                                         "stream (0: shard order only)")
     image_embeds: str | None = Field(None, description="source=shards: a folder of per-shard image-embedding files "
@@ -172,8 +188,10 @@ class DataConfig(StrictModel):
                                                                 "key that give its row (img2dataset: 4)")
     shapes: ShapesConfig = ShapesConfig()
     video: VideoConfig = VideoConfig()
-    images: JointImagesConfig | None = Field(None, description="video sources: images trained on as 1-frame clips "
-                                                               "in a share of the steps (joint image + video)")
+    images: JointImagesConfig | None = Field(
+        None, description="video sources: images trained on as 1-frame clips in a share of the steps (joint image + "
+                          "video, Phenaki §3.1); kept though it did not help phenaki on moving shapes "
+                          "(docs/phenaki.md): real clips are scarcer than images, the case it was made for")
 
     @model_validator(mode="after")
     def _source_checks(self) -> "DataConfig":
@@ -204,95 +222,98 @@ class DataConfig(StrictModel):
         return DataConfig.model_validate({**self.model_dump(), **update})
 
 
-class PhaseConfig(StrictModel):
-    """Optimizer settings of one phase of a task (`train.phases.<phase>`), overriding the train section's: e.g. each
-    U-Net of a cascade (dalle2_decoder: unet1, unet2) or vqgan's discriminator with its own learning rate. Unset
-    fields take the train section's value."""
+class OptimizerSettings(StrictModel):
+    """The optimizer settings of the train section that a phase may set apart (`PhaseConfig`); each only acts from
+    the step it is set on, so a resume may change it."""
 
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"*"})
-
-    lr: float | None = Field(None, gt=0.0, le=1.0)
-    weight_decay: float | None = Field(None, ge=0.0)
-    betas: tuple[float, float] | None = None
-    warmup_steps: int | None = Field(None, ge=0, description="counted in this phase's own optimizer steps")
-    lr_schedule: Literal["constant", "cosine", "exponential"] | None = None
-    min_lr_ratio: float | None = Field(None, ge=0.0, le=1.0)
-    lr_decay_rate: float | None = Field(None, gt=0.0, le=1.0)
-    lr_decay_every: int | None = Field(None, ge=1)
-    grad_clip: float | None = Field(None, ge=0.0)
-    ema_decay: float | None = Field(None, ge=0.0, lt=1.0, description="EMA decay of the weights this phase trains")
-
-
-class TrainConfig(StrictModel):
-    """Optimisation and cadences; every count is in optimizer steps."""
-
-    # a resumed run may lengthen the run, change the optimizer's settings and schedule, the cadences and the
-    # precision; not the batch, the seed or the EMA's warm-up (they define what was trained so far); nor does
-    # init_from matter to a resume, which loads the run's own checkpoint
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({
-        "steps", "lr", "weight_decay", "betas", "warmup_steps", "lr_schedule", "min_lr_ratio", "lr_decay_rate",
-        "lr_decay_every", "grad_clip", "grad_accum", "precision", "ema_decay", "log_every", "sample_every",
-        "num_samples", "sample_frames", "checkpoint_every", "keep_last", "keep_best", "keep_best_mode", "max_nonfinite_skips",
-        "on_nonfinite", "max_rollbacks", "dist_timeout_s", "check_consistency", "phases", "compile", "init_from"})
-
-    steps: int = Field(1000, gt=0, description="total optimizer steps")
-    batch_size: int = Field(32, gt=0, description="global batch (all ranks x accumulation)")
-    lr: float = Field(1e-4, gt=0.0, le=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(0, ge=0)
-    lr_schedule: Literal["constant", "cosine", "exponential"] = Field(
+    lr: Annotated[float, OnResume.CHANGE] = Field(1e-4, gt=0.0, le=1.0)
+    weight_decay: Annotated[float, OnResume.CHANGE] = Field(0.0, ge=0.0)
+    betas: Annotated[tuple[float, float], OnResume.CHANGE] = (0.9, 0.999)
+    warmup_steps: Annotated[int, OnResume.CHANGE] = Field(0, ge=0)
+    lr_schedule: Annotated[Literal["constant", "cosine", "exponential"], OnResume.CHANGE] = Field(
         "constant", description="after the warm-up: constant; cosine to min_lr_ratio at train.steps; exponential: "
                                 "times lr_decay_rate every lr_decay_every steps (DALLE-pytorch train_vae.py's "
                                 "ExponentialLR, gamma 0.98 stepped every 100 steps), floored at min_lr_ratio")
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="floor of the cosine and exponential schedules as a "
-                                                                  "share of lr")
-    lr_decay_rate: float = Field(0.98, gt=0.0, le=1.0, description="lr_schedule=exponential: the factor of each "
-                                                                    "decay (DALLE-pytorch 0.98)")
-    lr_decay_every: int = Field(100, ge=1, description="lr_schedule=exponential: optimizer steps between decays "
-                                                       "(DALLE-pytorch 100)")
-    grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables")
-    grad_accum: int = Field(1, ge=1)
-    precision: Literal["no", "bf16", "fp16"] = "no"
+    min_lr_ratio: Annotated[float, OnResume.CHANGE] = Field(0.0, ge=0.0, le=1.0, description="floor of the cosine "
+                                                            "and exponential schedules as a share of lr")
+    lr_decay_rate: Annotated[float, OnResume.CHANGE] = Field(0.98, gt=0.0, le=1.0, description="lr_schedule="
+                                                             "exponential: the factor of each decay (DALLE-pytorch "
+                                                             "0.98)")
+    lr_decay_every: Annotated[int, OnResume.CHANGE] = Field(100, ge=1, description="lr_schedule=exponential: "
+                                                            "optimizer steps between decays (DALLE-pytorch 100)")
+    grad_clip: Annotated[float, OnResume.CHANGE] = Field(1.0, ge=0.0, description="max global grad norm; 0 "
+                                                         "disables")
+    ema_decay: Annotated[float, OnResume.CHANGE] = Field(0.9999, ge=0.0, lt=1.0)
+
+
+def all_optional(settings: type[StrictModel]) -> type[StrictModel]:
+    """A section with every field of `settings`, optional: its constraints and markers, default None (unset)."""
+    fields: dict[str, Any] = {name: (info.annotation | None, FieldInfo.merge_field_infos(info, default=None))
+                              for name, info in settings.model_fields.items()}
+    return create_model(f"Optional{settings.__name__}", __base__=StrictModel, __module__=__name__, **fields)
+
+
+class PhaseConfig(all_optional(OptimizerSettings)):  # type: ignore[misc]
+    """Optimizer settings of one phase of a task (`train.phases.<phase>`), overriding the train section's: e.g. each
+    U-Net of a cascade (dalle2_decoder: unet1, unet2) or vqgan's discriminator with its own learning rate. Unset
+    fields take the train section's value; warmup_steps counts this phase's own optimizer steps and ema_decay is
+    that of the weights this phase trains."""
+
+
+class TrainConfig(OptimizerSettings):
+    """Optimisation and cadences; every count is in optimizer steps. A resumed run may lengthen the run, change the
+    optimizer's settings and schedule, the cadences and the precision; not the batch, the seed or the EMA's warm-up
+    (they define what was trained so far); nor does init_from matter to a resume, which loads the run's own
+    checkpoint."""
+
+    steps: Annotated[int, OnResume.CHANGE] = Field(1000, gt=0, description="total optimizer steps")
+    batch_size: int = Field(32, gt=0, description="global batch (all ranks x accumulation)")
+    grad_accum: Annotated[int, OnResume.CHANGE] = Field(1, ge=1)
+    precision: Annotated[Literal["no", "bf16", "fp16"], OnResume.CHANGE] = "no"
     sharding: Literal["none", "fsdp"] = Field(
         "none", description="none: every process holds all weights (DDP); fsdp: the trained weights, gradients, "
                             "optimizer state and EMA are split over the processes (FSDP2, docs/scaling.md)")
-    compile: bool = Field(
+    compile: Annotated[bool, OnResume.CHANGE] = Field(
         False, description="torch.compile (inductor) each trained block of the network: fused kernels, faster steps "
                            "on GPUs, a first step that compiles (about a minute per block kind on a CPU); "
                            "docs/performance.md")
     seed: int = Field(0, ge=0)
-    init_from: str | None = Field(
+    init_from: Annotated[str | None, OnResume.CHANGE] = Field(
         None, min_length=1,
         description="a run directory (its newest usable checkpoint) or one checkpoint folder "
                     "(checkpoints/step-NNNNNN): a fresh run starts from its model and EMA weights with a fresh "
                     "optimizer and step 0 (fine-tuning); ignored once this run has its own checkpoint (a resume)")
-    ema_decay: float = Field(0.9999, ge=0.0, lt=1.0)
     ema_warmup: bool = Field(True, description="decay ramps as min(decay, (1+n)/(10+n)), n = the updates of the "
                                                "phase whose weights are averaged (a phase first trained in a "
                                                "resumed run warms up from its own first update)")
     ema_start: int = Field(0, ge=0, description="updates of a phase before EMA starts averaging its weights (it "
                                                 "copies until then)")
-    log_every: int = Field(10, gt=0)
-    sample_every: int = Field(500, ge=0, description="0: only at the end")
-    num_samples: int = Field(16, gt=0, le=256, description="images in each preview grid")
-    sample_frames: int | None = Field(None, gt=0, description="frames of a video generator's preview clips, e.g. "
-                                                              "more than the training clips' (default: theirs)")
-    checkpoint_every: int = Field(500, ge=0, description="0: only at the end")
-    keep_last: int = Field(2, ge=2, description="checkpoints kept (at least 2)")
-    keep_best: str | None = Field(None, description="also keep the checkpoint with the best value of this eval "
-                                                    "result (e.g. judge_accuracy); needs eval.every")
-    keep_best_mode: Literal["max", "min"] = "max"
-    max_nonfinite_skips: int = Field(10, ge=1, description="consecutive non-finite steps before the run stops")
-    on_nonfinite: Literal["stop", "rollback"] = Field(
+    log_every: Annotated[int, OnResume.CHANGE] = Field(10, gt=0)
+    sample_every: Annotated[int, OnResume.CHANGE] = Field(500, ge=0, description="0: only at the end")
+    num_samples: Annotated[int, OnResume.CHANGE] = Field(16, gt=0, le=256,
+                                                          description="images in each preview grid")
+    sample_frames: Annotated[int | None, OnResume.CHANGE] = Field(
+        None, gt=0, description="frames of a video generator's preview clips, e.g. more than the training clips' "
+                                "(default: theirs)")
+    checkpoint_every: Annotated[int, OnResume.CHANGE] = Field(500, ge=0, description="0: only at the end")
+    keep_last: Annotated[int, OnResume.CHANGE] = Field(2, ge=2, description="checkpoints kept (at least 2)")
+    keep_best: Annotated[str | None, OnResume.CHANGE] = Field(
+        None, description="also keep the checkpoint with the best value of this eval result (e.g. judge_accuracy); "
+                          "needs eval.every")
+    keep_best_mode: Annotated[Literal["max", "min"], OnResume.CHANGE] = "max"
+    max_nonfinite_skips: Annotated[int, OnResume.CHANGE] = Field(
+        10, ge=1, description="consecutive non-finite steps before the run stops")
+    on_nonfinite: Annotated[Literal["stop", "rollback"], OnResume.CHANGE] = Field(
         "stop", description="after max_nonfinite_skips: stop, or reload the last checkpoint and skip the data "
                             "that led to the failure")
-    max_rollbacks: int = Field(3, ge=0, description="rollbacks allowed before the run stops")
-    dist_timeout_s: int = Field(600, ge=10, description="collective timeout: a dead or hung rank ends the run")
-    check_consistency: bool = Field(True, description="after each checkpoint, check that every rank holds the same "
-                                                      "weights, buffers and EMA (a hash per tensor; several "
-                                                      "processes only)")
-    phases: dict[str, PhaseConfig] = Field(
+    max_rollbacks: Annotated[int, OnResume.CHANGE] = Field(3, ge=0,
+                                                           description="rollbacks allowed before the run stops")
+    dist_timeout_s: Annotated[int, OnResume.CHANGE] = Field(
+        600, ge=10, description="collective timeout: a dead or hung rank ends the run")
+    check_consistency: Annotated[bool, OnResume.CHANGE] = Field(
+        True, description="after each checkpoint, check that every rank holds the same weights, buffers and EMA (a "
+                          "hash per tensor; several processes only)")
+    phases: Annotated[dict[str, PhaseConfig], OnResume.CHANGE] = Field(
         default_factory=dict, description="per-phase optimizer settings by phase name (the task's phases, e.g. "
                                           "train.phases.unet2.lr); unset fields take this section's")
 
@@ -334,9 +355,9 @@ class TrainConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    """Periodic evaluation during training (also the defaults of `genforge eval`)."""
+    """Periodic evaluation during training (also the defaults of `genforge eval`); a resume may change any of it."""
 
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"*"})
+    every_field_on_resume: ClassVar[OnResume | None] = OnResume.CHANGE
 
     every: int = Field(0, ge=0, description="0: no evaluation during training")
     metrics: list[str] | None = Field(None, description="registered metrics (genforge.eval); default: the family's "
@@ -359,9 +380,9 @@ class EvalConfig(StrictModel):
 
 
 class LogConfig(StrictModel):
-    """Where scalars and images go besides metrics.jsonl and samples/."""
+    """Where scalars and images go besides metrics.jsonl and samples/; a resume may change any of it."""
 
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"*"})
+    every_field_on_resume: ClassVar[OnResume | None] = OnResume.CHANGE
 
     tensorboard: bool = True
     wandb: bool = False
@@ -387,9 +408,9 @@ class FamilyConfig(StrictModel):
     the roles it requires are among the family's (genforge.eval.metrics)."""
 
     family: str
-    grad_checkpointing: bool = Field(False, description="recompute each block's activations in backward instead of "
-                                                        "keeping them: less memory, one more forward per step")
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"grad_checkpointing"})
+    grad_checkpointing: Annotated[bool, OnResume.CHANGE] = Field(
+        False, description="recompute each block's activations in backward instead of keeping them: less memory, "
+                           "one more forward per step")
     default_metrics: ClassVar[tuple[str, ...]] = ()
     roles: ClassVar[tuple[str, ...]] = ("generator",)  # tokenizers: ("tokenizer",), discrete ones + "discrete"
     sample_options: ClassVar[type[SampleOptions]] = SampleOptions  # its own `genforge sample` options

@@ -3,20 +3,16 @@ families). It holds data; genforge.diffusion.build builds what it describes."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from genforge.core.config import StrictModel
+from genforge.core.config import OnResume, StrictModel
 from genforge.diffusion.samplers import SAMPLERS
 
 
 class DiffusionConfig(StrictModel):
     """The objective (IDDPM's discrete chain by default, as DiT; rectified flow; EDM), its sampler and guidance."""
-
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({  # sampling only
-        "sampler", "sample_steps", "ddim_eta", "cfg_scale", "guidance_interval", "rho", "flow_shift",
-        "dynamic_threshold"})
 
     objective: Literal["ddpm", "flow", "edm"] = Field(
         "ddpm", description="ddpm: IDDPM (Nichol & Dhariwal 2021); flow: rectified flow, velocity target (Liu et al. "
@@ -40,20 +36,24 @@ class DiffusionConfig(StrictModel):
     timestep_mean: float = Field(0.0, ge=-5.0, le=5.0, description="logit_normal: mean of logit(t/T); > 0 draws "
                                                                     "more high-noise steps")
     timestep_std: float = Field(1.0, gt=0.0, le=5.0, description="logit_normal: std of logit(t/T)")
-    flow_shift: float = Field(1.0, gt=0.0, description="flow: sampling-time shift t' = s·t/(1 + (s − 1)·t) "
-                                                       "(SD3 §5.3.2; > 1 spends more steps at high noise)")
+    flow_shift: Annotated[float, OnResume.CHANGE] = Field(
+        1.0, gt=0.0, description="flow: sampling-time shift t' = s·t/(1 + (s − 1)·t) (SD3 §5.3.2; > 1 spends more "
+                                 "steps at high noise)")
     sigma_data: float = Field(0.5, gt=0.0, description="edm: σ_data, the data's standard deviation")
     p_mean: float = Field(-1.2, ge=-10.0, le=10.0, description="edm: mean of ln σ in training")
     p_std: float = Field(1.2, gt=0.0, le=10.0, description="edm: std of ln σ in training")
-    rho: float = Field(7.0, gt=0.0, description="σ-samplers on ddpm and edm: EDM's time-step exponent ρ (eq. 5)")
-    sampler: str = Field("ddpm", description="a registered sampler (genforge.diffusion.samplers): ddpm, ddim (the "
-                                             "ddpm objective's chain), euler, heun, euler_ancestral, dpmpp_2m")
-    sample_steps: int = Field(250, ge=1, description="respaced steps used for sampling")
-    ddim_eta: float = Field(0.0, ge=0.0, le=1.0)
-    cfg_scale: float = Field(4.0, ge=1.0, description="classifier-free guidance scale; 1 disables")
-    guidance_interval: tuple[float, float] | None = Field(
+    rho: Annotated[float, OnResume.CHANGE] = Field(
+        7.0, gt=0.0, description="σ-samplers on ddpm and edm: EDM's time-step exponent ρ (eq. 5)")
+    sampler: Annotated[str, OnResume.CHANGE] = Field(
+        "ddpm", description="a registered sampler (genforge.diffusion.samplers): ddpm, ddim (the ddpm objective's "
+                            "chain), euler, heun, euler_ancestral, dpmpp_2m")
+    sample_steps: Annotated[int, OnResume.CHANGE] = Field(250, ge=1, description="respaced steps used for sampling")
+    ddim_eta: Annotated[float, OnResume.CHANGE] = Field(0.0, ge=0.0, le=1.0)
+    cfg_scale: Annotated[float, OnResume.CHANGE] = Field(
+        4.0, ge=1.0, description="classifier-free guidance scale; 1 disables")
+    guidance_interval: Annotated[tuple[float, float] | None, OnResume.CHANGE] = Field(
         None, description="guide only at noise levels σ in (lo, hi] (Kynkäänniemi et al. 2024); None: at every step")
-    dynamic_threshold: float | None = Field(
+    dynamic_threshold: Annotated[float | None, OnResume.CHANGE] = Field(
         None, gt=0.0, le=1.0, description="pixel data: at each sampling step, x̂₀ is divided by s = max(1, this "
                                           "quantile of |x̂₀| per sample) after clamping it to [−s, s] (Imagen's "
                                           "dynamic thresholding, Saharia et al. 2022 §2.3; 0.995 there, 0.95 in "

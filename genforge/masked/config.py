@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
-from genforge.core.config import FamilyConfig, SampleOptions, StrictModel
+from genforge.core.config import FamilyConfig, OnResume, SampleOptions, StrictModel
 from genforge.tokenizers.inputs import TokenInputConfig
 from genforge.text.config import TextEncoderConfig
 
@@ -21,11 +21,11 @@ class TokenCriticConfig(StrictModel):
     depth: int = Field(2, gt=0)
     width: int | None = Field(None, gt=0, description="default: model.width")
     num_heads: int | None = Field(None, gt=0, description="default: model.num_heads")
-    noise: float = Field(1.0, ge=0.0, description="Gumbel noise on the critic's scores when choosing what to "
-                                                  "re-mask, annealed linearly to 0")
-    sample: bool = Field(True, description="decode with the critic (genforge sample/eval --critic/--no-critic)")
-
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"noise", "sample"})
+    noise: Annotated[float, OnResume.CHANGE] = Field(
+        1.0, ge=0.0, description="Gumbel noise on the critic's scores when choosing what to re-mask, annealed "
+                                 "linearly to 0")
+    sample: Annotated[bool, OnResume.CHANGE] = Field(
+        True, description="decode with the critic (genforge sample/eval --critic/--no-critic)")
 
 
 class MaskedSampleOptions(SampleOptions):
@@ -47,10 +47,6 @@ class MaskedTokenConfig(FamilyConfig):
 
     default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
     sample_options: ClassVar[type[SampleOptions]] = MaskedSampleOptions
-    # decoding settings, and the phases trained (a critic added to a trained generator starts fresh)
-    may_change_on_resume: ClassVar[frozenset[str]] = FamilyConfig.may_change_on_resume | frozenset({
-        "sample_steps", "cfg_scale", "temperature", "choice_temperature", "sample_prompts", "train_phases"})
-    may_add_on_resume: ClassVar[frozenset[str]] = frozenset({"critic"})
     tokens: TokenInputConfig
     codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
                                                                "size (default: taken from it)")
@@ -69,16 +65,19 @@ class MaskedTokenConfig(FamilyConfig):
     mask_schedule: Literal["cosine", "linear", "square"] = Field(
         "cosine", description="γ(r), the masked share at r ~ U(0, 1) (MaskGIT §3.3: cosine)")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
-    sample_steps: int = Field(12, gt=0, description="parallel decoding iterations")
-    cfg_scale: float = Field(3.0, ge=1.0, description="classifier-free guidance scale (1: none)")
-    temperature: float = Field(1.0, gt=0.0, description="softmax temperature of the sampled tokens")
-    choice_temperature: float = Field(4.5, ge=0.0, description="Gumbel noise on the confidences, annealed "
-                                                               "linearly to 0 (MaskGIT's re-masking)")
-    sample_prompts: list[str] | None = Field(None, description="prompts of preview grids and of evaluation without "
-                                                                "--prompt (default: the data's held-out captions)")
-    critic: TokenCriticConfig | None = Field(None, description="an optional token critic, trained as the phase "
-                                                               "`critic` (Token-Critic)")
-    train_phases: list[Literal["main", "critic"]] | None = Field(
+    sample_steps: Annotated[int, OnResume.CHANGE] = Field(12, gt=0, description="parallel decoding iterations")
+    cfg_scale: Annotated[float, OnResume.CHANGE] = Field(
+        3.0, ge=1.0, description="classifier-free guidance scale (1: none)")
+    temperature: Annotated[float, OnResume.CHANGE] = Field(
+        1.0, gt=0.0, description="softmax temperature of the sampled tokens")
+    choice_temperature: Annotated[float, OnResume.CHANGE] = Field(
+        4.5, ge=0.0, description="Gumbel noise on the confidences, annealed linearly to 0 (MaskGIT's re-masking)")
+    sample_prompts: Annotated[list[str] | None, OnResume.CHANGE] = Field(
+        None, description="prompts of preview grids and of evaluation without --prompt (default: the data's held-out "
+                          "captions)")
+    critic: Annotated[TokenCriticConfig | None, OnResume.ADD] = Field(
+        None, description="an optional token critic, trained as the phase `critic` (Token-Critic)")
+    train_phases: Annotated[list[Literal["main", "critic"]] | None, OnResume.CHANGE] = Field(
         None, description="the phases this run trains (default: every one): [main] first, then resume with [critic] "
                           "to train the critic on the finished generator (phenaki-pytorch's only_train_generator / "
                           "only_train_critic)")

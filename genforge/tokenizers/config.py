@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -28,8 +28,8 @@ class PerceptualConfig(StrictModel):
 class GANConfig(StrictModel):
     """Patch discriminator trained as a second phase (taming/MUSE VQGAN), with an optional gradient penalty on the
     discriminator: R1 (Mescheder et al. 2018) or WGAN-GP's (Gulrajani et al. 2017) as muse-maskgit-pytorch applies
-    it. The former keys r1_weight / r1_every (runs written before `penalty`) still load: r1_weight > 0 means
-    penalty: r1 with penalty_weight = r1_weight, penalty_every = r1_every; r1_weight 0 means penalty: none."""
+    it. The former keys r1_weight / r1_every (runs written before `penalty`) still load, migrated to penalty: r1
+    (genforge.app.migrations)."""
 
     weight: float = Field(0.1, ge=0.0, description="disc_weight: scales the adaptive adversarial weight")
     start_step: int = Field(0, ge=0, description="the generator's adversarial term is on from this step; the "
@@ -47,24 +47,6 @@ class GANConfig(StrictModel):
         "real", description="wgan_gp: where the gradient is taken: the real images (what muse-maskgit-pytorch "
                             "does), or random interpolates εx + (1 − ε)x̃, ε ~ U[0, 1] per image from the batch's "
                             "random stream (the WGAN-GP paper)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _former_r1_keys(cls, data: Any) -> Any:
-        """r1_weight / r1_every (the keys before `penalty`) -> penalty, penalty_weight, penalty_every."""
-        if not isinstance(data, dict) or not {"r1_weight", "r1_every"} & data.keys():
-            return data
-        newer = [k for k in ("penalty", "penalty_weight", "penalty_every") if k in data]
-        if newer:
-            raise ValueError(f"model.gan.r1_weight / r1_every are the former keys of penalty: r1; set "
-                             f"model.gan.{newer[0]} and the other penalty_* keys instead of both")
-        data = dict(data)
-        weight, every = data.pop("r1_weight", 0.0), data.pop("r1_every", 4)
-        try:
-            on = float(weight) > 0
-        except (TypeError, ValueError):
-            raise ValueError(f"model.gan.r1_weight={weight!r} must be a number") from None
-        return {**data, "penalty": "r1" if on else "none", "penalty_weight": weight, "penalty_every": every}
 
     @model_validator(mode="after")
     def _inputs_of_wgan_gp(self) -> "GANConfig":

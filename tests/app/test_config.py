@@ -31,14 +31,15 @@ def test_dry_run_every_preset(preset):
 
 def test_default_is_the_unet_on_32px_shapes():
     cfg = load_config(None)
-    assert cfg.name == "unet-shapes" and cfg.model.family == "diffusion" and cfg.model.backbone == "unet"
+    assert cfg.name == "unet-shapes" and cfg.model.family == "diffusion" and cfg.model.backbone.kind == "unet"
     assert cfg.data.source == "shapes" and cfg.data.image_size == 32 and cfg.model.conditioning == "class"
 
 
 def test_overrides_are_typed_and_yaml_round_trips():
-    cfg = load_config("dit-debug", ["train.lr=3e-4", "train.precision=bf16", "data.flip=false", "model.depth=3"])
+    cfg = load_config("dit-debug", ["train.lr=3e-4", "train.precision=bf16", "data.flip=false",
+                                   "model.backbone.depth=3"])
     assert cfg.train.lr == 3e-4 and cfg.train.precision == "bf16" and cfg.data.flip is False
-    assert cfg.model.dims()["depth"] == 3
+    assert cfg.model.backbone.dims()["depth"] == 3
     again = load_config("dit-debug", [])
     assert again != cfg
     assert load_config.__module__  # yaml dump of a resolved config loads to the same config:
@@ -50,7 +51,7 @@ def test_user_yaml_file(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("model: {family: dit, size: B/4}\ndata: {image_size: 64}\n")
     cfg = load_config(str(path))
-    assert cfg.name == "mine" and cfg.model.dims()["hidden_size"] == 768
+    assert cfg.name == "mine" and cfg.model.backbone.dims()["hidden_size"] == 768
 
 
 BAD = [
@@ -74,10 +75,11 @@ BAD = [
     (["data.shapes.paths=anywhere"], "data.shapes.paths"),
     (["data.val_fraction=1.0"], "data.val_fraction"),
     (["model.family=gan"], "model"),
-    (["model.size=M/3"], "model.size"),
-    (["model.depth=0"], "model.depth"),
-    (["model.hidden_size=100", "model.num_heads=3"], "model.num_heads"),
-    (["model.patch_size=3"], "model.patch_size"),
+    (["model.backbone.size=M/3"], "model.backbone.size"),
+    (["model.backbone.depth=0"], "model.backbone.depth"),
+    (["model.backbone.hidden_size=100", "model.backbone.num_heads=3"], "model.backbone.num_heads"),
+    (["model.backbone.patch_size=3"], "model.backbone.patch_size"),
+    (["model.backbone.kind=vit"], "model.backbone.kind"),
     (["model.diffusion.noise_schedule=quadratic"], "model.diffusion.noise_schedule"),
     (["model.diffusion.prediction=score"], "model.diffusion.prediction"),
     (["model.diffusion.sample_steps=5000"], "model.diffusion.sample_steps"),

@@ -27,7 +27,7 @@ runner = CliRunner()
 QUICK = ["train.sample_every=0", "eval.every=0", "data.num_workers=0"]
 FSQ = ["model.quantizer.kind=fsq", "model.quantizer.levels=[4,4]", "model.quantizer.codebook_size=512",
        "model.quantizer.threshold_ema_dead_code=0"]
-UNET_16PX = ["data.image_size=16", "model.unet.dim_mults=[1,2]", "model.unet.attention_levels=[1]"]
+UNET_16PX = ["data.image_size=16", "model.backbone.dim_mults=[1,2]", "model.backbone.attention_levels=[1]"]
 
 
 def _train(preset, run_dir, steps, *overrides):
@@ -153,8 +153,8 @@ def test_latent_dit_exports_a_dit_pipeline_that_samples_what_genforge_samples(ru
 
 @pytest.mark.parametrize("mid_attention", ["true", "false"])
 def test_unet_exports_a_unet2d_model(tmp_path, mid_attention):
-    """Also without the middle block's attention (model.unet.mid_attention=false: UNet2DModel's add_attention)."""
-    run = _built("unet-shapes", *UNET_16PX, f"model.unet.mid_attention={mid_attention}")
+    """Also without the middle block's attention (model.backbone.mid_attention=false: UNet2DModel's add_attention)."""
+    run = _built("unet-shapes", *UNET_16PX, f"model.backbone.mid_attention={mid_attention}")
     exported = export_loaded(run, tmp_path / "unet", "diffusers")
     assert exported.folders == {"unet": "UNet2DModel", "scheduler": "FlowMatchEulerDiscreteScheduler"}
     unet = UNet2DModel.from_pretrained(tmp_path / "unet" / "unet").eval()
@@ -193,9 +193,9 @@ def test_other_objectives_get_the_scheduler_diffusers_has_or_a_note(objective, t
 
 def test_what_does_not_map_is_refused_naming_why(tmp_path):
     with pytest.raises(ExportError, match="GroupNorm group counts differ"):
-        export_loaded(_built("unet-shapes", *UNET_16PX, "model.unet.dim=16"), tmp_path / "a", "diffusers")
+        export_loaded(_built("unet-shapes", *UNET_16PX, "model.backbone.dim=16"), tmp_path / "a", "diffusers")
     with pytest.raises(ExportError, match="mlp_ratio=2"):
-        export_loaded(_built("dit-debug", "model.mlp_ratio=2.0"), tmp_path / "b", "diffusers")
+        export_loaded(_built("dit-debug", "model.backbone.mlp_ratio=2.0"), tmp_path / "b", "diffusers")
     with pytest.raises(ExportError, match="kind=fsq"):
         export_loaded(_built("vqgan-debug", *FSQ), tmp_path / "c", "diffusers")
     with pytest.raises(ConfigError, match="do not export to 'diffusers'.*diffusion, klvae, vqgan"):
@@ -204,7 +204,7 @@ def test_what_does_not_map_is_refused_naming_why(tmp_path):
 
 
 def test_cli_refusals_exit_2(runs, tmp_path):
-    unet = _train("unet-shapes", tmp_path / "unet", 1, *UNET_16PX, "model.unet.dim=16")
+    unet = _train("unet-shapes", tmp_path / "unet", 1, *UNET_16PX, "model.backbone.dim=16")
     result = _export(unet, tmp_path / "out")
     assert result.exit_code == 2 and "GroupNorm" in result.stderr and not (tmp_path / "out").exists()
     result = runner.invoke(app, ["export", str(runs["kl"]), str(tmp_path / "out"), "--to", "onnx"])

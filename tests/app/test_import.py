@@ -72,7 +72,8 @@ def test_an_official_checkpoint_samples_what_the_same_weights_sample_in_genforge
     assert "imported dit-checkpoint" in result.output and "16px, 16 classes" in result.output
     imported = load_run(tmp_path / "dit")
     cfg = imported.config.model
-    assert (cfg.depth, cfg.hidden_size, cfg.num_heads, cfg.patch_size, cfg.num_classes) == (2, 64, 2, 2, 16)
+    dit = cfg.backbone
+    assert (dit.depth, dit.hidden_size, dit.num_heads, dit.patch_size, cfg.num_classes) == (2, 64, 2, 2, 16)
     assert cfg.latent.codec == "diffusers" and imported.config.data.image_size == 16
     ours = _samples(trained["run"].task)
     assert ours.std() > 0.05 and torch.equal(_samples(imported.task), ours)

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from genforge.app.config import load_config
-from genforge.core.config import StrictModel, config_changes
+from genforge.core.config import EvalConfig, OnResume, StrictModel, TrainConfig, config_changes, on_resume
+from genforge.masked.config import MaskedTokenConfig
 
 
 def _changes(preset, old, new):
@@ -40,7 +41,7 @@ def test_what_only_acts_from_the_resumed_step_on_may_change(preset, override, fi
 
 
 @pytest.mark.parametrize("preset, override, field", [
-    ("dit-debug", "model.depth=3", "model.depth"),
+    ("dit-debug", "model.backbone.depth=3", "model.backbone.depth"),
     ("dit-debug", "model.diffusion.noise_schedule=cosine", "model.diffusion.noise_schedule"),
     ("dit-debug", "train.batch_size=4", "train.batch_size"),
     ("dit-debug", "train.seed=1", "train.seed"),
@@ -61,6 +62,12 @@ def test_a_critic_once_there_keeps_its_shape_but_not_its_decoding_settings():
     assert list(removed) == ["model.critic"] and not removed["model.critic"][2]  # its trained weights would be lost
 
 
+def test_the_rule_is_the_fields_marker_or_the_sections():
+    assert on_resume(TrainConfig, "lr") is OnResume.CHANGE and on_resume(TrainConfig, "batch_size") is None
+    assert on_resume(MaskedTokenConfig, "critic") is OnResume.ADD
+    assert on_resume(EvalConfig, "n") is OnResume.CHANGE  # every field of eval
+
+
 def test_another_family_is_refused_field_by_field():
     changes = config_changes(load_config("dit-debug"), load_config("maskgit-debug"))
     assert ("model.family", "diffusion", "maskgit") in [(c.field, c.old, c.new) for c in changes if not c.allowed]
@@ -77,7 +84,7 @@ def test_the_docs_list_every_field_a_resume_may_change():
             yield from subclasses(sub)
 
     load_config("dit-debug")  # every family registered
-    named = {name for cls in subclasses(StrictModel)
-             for name in cls.may_change_on_resume | cls.may_add_on_resume if name != "*"}
+    named = {name for cls in subclasses(StrictModel) if cls.every_field_on_resume is None
+             for name in cls.model_fields if on_resume(cls, name) is not None}
     listed = set(re.findall(r"`(?:[\w.]+\.)?(\w+)(?:\.\*)?`", section))
     assert named and named <= listed, sorted(named - listed)

@@ -6,6 +6,7 @@ import torch
 
 from genforge.diffusion import SAMPLERS, DDPMObjective, EDMObjective, FlowObjective, clip_x0, create_diffusion
 from genforge.diffusion.build import sampling_process
+from genforge.core.config import OnResume, on_resume
 from genforge.diffusion.config import DiffusionConfig
 
 # two samples of 9 values each: |A| sorted is 0, .5, .5, 1, 1, 2, 2, 3, 4; |B| sorted is .1, .2, .3, .4, .5, .8, .9,
@@ -85,4 +86,4 @@ def test_the_key_is_a_quantile_and_sampling_only():
         DiffusionConfig(dynamic_threshold=1.5)
     with pytest.raises(ValueError):
         DiffusionConfig(dynamic_threshold=0.0)
-    assert "dynamic_threshold" in DiffusionConfig.may_change_on_resume
+    assert on_resume(DiffusionConfig, "dynamic_threshold") is OnResume.CHANGE

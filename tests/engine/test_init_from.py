@@ -95,7 +95,8 @@ def test_it_trains_on_from_there_and_a_resume_ignores_it(source, tmp_path, monke
 
 
 def test_another_model_size_is_refused_naming_the_key_and_shapes(source, tmp_path):
-    trainer = _trainer(tmp_path / "big", [f"train.init_from={source / 'run'}", "model.depth=3", "model.hidden_size=96"])
+    trainer = _trainer(tmp_path / "big", [f"train.init_from={source / 'run'}", "model.backbone.depth=3",
+                                              "model.backbone.hidden_size=96"])
     with pytest.raises(ConfigError) as err:
         trainer.fit()
     message = str(err.value)

@@ -63,9 +63,9 @@ def test_a_changed_model_or_batch_is_refused_naming_each_field(tmp_path):
     _fit(tmp_path)
     before = _files(tmp_path)
     with pytest.raises(ConfigError) as refused:
-        make_trainer(load_config("dit-debug", BASE + ["model.depth=3", "train.batch_size=4", "train.steps=4"]),
+        make_trainer(load_config("dit-debug", BASE + ["model.backbone.depth=3", "train.batch_size=4", "train.steps=4"]),
                      tmp_path).fit()
     message = str(refused.value)
-    assert "model.depth: 2 -> 3" in message and "train.batch_size: 8 -> 4" in message and "--fresh" in message
+    assert "model.backbone.depth: 2 -> 3" in message and "train.batch_size: 8 -> 4" in message and "--fresh" in message
     assert "train.steps" not in message  # allowed, so not listed
     assert _files(tmp_path) == before  # config.yaml, checkpoints and metrics untouched

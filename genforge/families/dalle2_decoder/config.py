@@ -4,19 +4,15 @@ conditioned on CLIP image embeddings."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
-from genforge.core.config import DataConfig, FamilyConfig, SampleOptions, StrictModel
+from genforge.core.config import DataConfig, FamilyConfig, OnResume, SampleOptions, StrictModel
 from genforge.diffusion.config import DiffusionConfig
 from genforge.nn.unet import UNetConfig
 from genforge.text.config import TextEncoderConfig
-
-
-# the model keys a resolved config.yaml of a run written before `text_phase` holds (Dalle2DecoderConfig)
-OLD_RESOLVED_KEYS = frozenset({"stages", "train_unets", "embedder", "text", "image_embed_dropout", "text_dropout"})
 
 
 class StageConfig(StrictModel):
@@ -25,9 +21,6 @@ class StageConfig(StrictModel):
     and (upsamplers) how the low-resolution conditioning image is degraded in training: Gaussian blur in `blur_prob` of
     the rows (DALL·E 2, App. C; Cascaded Diffusion Models, Ho et al. 2022, §3.1: half of them) and Gaussian noise
     augmentation of a random level, which the U-Net is told (Ho et al. 2022, §4.2)."""
-
-    # sampling only, or the training augmentation from the resumed step on
-    may_change_on_resume: ClassVar[frozenset[str]] = frozenset({"lowres_noise_sample", "blur_prob"})
 
     image_size: int = Field(gt=0, description="side of this stage's output; the last stage's is data.image_size")
     unet: UNetConfig = UNetConfig()
@@ -41,16 +34,16 @@ class StageConfig(StrictModel):
     blur_sigma: tuple[float, float] = Field((0.4, 0.6), description="upsamplers: σ (pixels) of the training blur of "
                                                                     "the low-res image, drawn uniformly in range")
     blur_kernel: int = Field(3, ge=1, le=15, description="upsamplers: blur kernel side (odd)")
-    blur_prob: float = Field(0.5, ge=0.0, le=1.0, description="upsamplers: share of training rows whose low-res "
-                                                              "image is blurred, drawn per row (Cascaded Diffusion "
-                                                              "Models §3.1, DALLE2-pytorch: 0.5; the others are "
-                                                              "clean, as at sampling); 1: every row")
+    blur_prob: Annotated[float, OnResume.CHANGE] = Field(
+        0.5, ge=0.0, le=1.0, description="upsamplers: share of training rows whose low-res image is blurred, drawn "
+                                         "per row (Cascaded Diffusion Models §3.1, DALLE2-pytorch: 0.5; the others "
+                                         "are clean, as at sampling); 1: every row")
     lowres_noise_max: float = Field(0.2, ge=0.0, le=1.0, description="upsamplers: training noise-augmentation level "
                                                                      "drawn uniformly in [0, this) (share of the "
                                                                      "augmentation schedule's 1000 steps)")
-    lowres_noise_sample: float = Field(0.05, ge=0.0, le=1.0, description="upsamplers: the augmentation level used "
-                                                                         "when sampling (DALLE2-pytorch: 0.2 of "
-                                                                         "training levels in [0, 1))")
+    lowres_noise_sample: Annotated[float, OnResume.CHANGE] = Field(
+        0.05, ge=0.0, le=1.0, description="upsamplers: the augmentation level used when sampling (DALLE2-pytorch: "
+                                          "0.2 of training levels in [0, 1))")
 
     @model_validator(mode="after")
     def _blur(self) -> "StageConfig":
@@ -117,14 +110,12 @@ class Dalle2DecoderConfig(FamilyConfig):
     with its optimizer (`train.phases.unet2.lr`) and EMA; `train_unets` picks the ones this run trains."""
 
     family: Literal["dalle2_decoder"] = "dalle2_decoder"
-    # the stages this run trains
-    may_change_on_resume: ClassVar[frozenset[str]] = FamilyConfig.may_change_on_resume | frozenset({"train_unets"})
     default_metrics: ClassVar[tuple[str, ...]] = ("fid",)
     sample_options: ClassVar[type[SampleOptions]] = Dalle2SampleOptions
     stages: list[StageConfig] = Field(min_length=1)
-    train_unets: list[int] | None = Field(None, description="1-based stages this run trains (DALLE2-pytorch's "
-                                                            "unet_training_mask); the others stay bit-for-bit as "
-                                                            "they are; default: all")
+    train_unets: Annotated[list[int] | None, OnResume.CHANGE] = Field(
+        None, description="1-based stages this run trains (DALLE2-pytorch's unet_training_mask); the others stay "
+                          "bit-for-bit as they are; default: all")
     embedder: EmbedderConfig
     text: TextEncoderConfig | None = Field(None, description="also condition the conditioned U-Nets on the "
                                                              "caption's text encodings (GLIDE's text context); "
@@ -136,21 +127,6 @@ class Dalle2DecoderConfig(FamilyConfig):
     image_embed_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="share of training rows with the null image "
                                                                         "embedding, for guidance (DALL·E 2 §2.1)")
     text_dropout: float = Field(0.5, ge=0.0, lt=1.0, description="share of rows with the caption dropped (§2.1)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_runs_keep_their_cascade(cls, data: Any) -> Any:
-        """The config.yaml of a run written before `conditioned`, `blur_prob`, `text_phase` and
-        `embedder.normalize` (resolved configs hold every field: these six keys, and no text_phase) keeps what it
-        trained with: every stage conditioned, every row blurred, embeddings as their source gives them."""
-        if not (isinstance(data, dict) and OLD_RESOLVED_KEYS <= data.keys() and "text_phase" not in data):
-            return data
-        data = dict(data)
-        data["stages"] = [{"conditioned": True, "blur_prob": 1.0, **stage} if isinstance(stage, dict) else stage
-                          for stage in data["stages"]]
-        if isinstance(data["embedder"], dict):
-            data["embedder"] = {"normalize": False, **data["embedder"]}
-        return data
 
     @model_validator(mode="after")
     def _cascade(self) -> "Dalle2DecoderConfig":

@@ -1,39 +1,31 @@
-"""Config of the `dit` family: class-conditional diffusion on pixels or latents with a DiT (Peebles & Xie 2023) or an
-ADM U-Net (Dhariwal & Nichol 2021) backbone, on the shared diffusion objectives."""
+"""Config of the `diffusion` family: class-conditional diffusion on pixels or latents with a DiT (Peebles & Xie
+2023) or an ADM U-Net (Dhariwal & Nichol 2021) backbone, on the shared diffusion objectives."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from genforge.core.codec import InputRun
-from genforge.core.config import DataConfig, FamilyConfig
+from genforge.core.config import DataConfig, FamilyConfig, StrictModel
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.diffusion.dit import DIT_SIZES
 from genforge.tokenizers.inputs import LatentInputConfig
 from genforge.nn.unet import UNetConfig
 
 
-class DiffusionModelConfig(FamilyConfig):
-    """The backbone: a DiT size from the paper's zoo, optionally overridden dimension by dimension, or the ADM
-    U-Net of `model.unet` (`backbone: unet`); the size fields belong to the DiT, `unet` to the U-Net."""
+class DiTConfig(StrictModel):
+    """A Diffusion Transformer (`model.backbone.kind: dit`): a size of the paper's zoo (§3.2, Table 1), any of whose
+    dimensions may be set apart."""
 
-    family: Literal["diffusion"] = "diffusion"
-    default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
-    backbone: Literal["dit", "unet"] = Field("dit", description="dit: the transformer of `size`; unet: `model.unet`")
-    unet: UNetConfig = UNetConfig()
+    kind: Literal["dit"] = "dit"
     size: str = Field("S/2", description="one of S|B|L|XL / 2|4|8")
-    depth: int | None = Field(None, gt=0)
-    hidden_size: int | None = Field(None, gt=0)
-    num_heads: int | None = Field(None, gt=0)
-    patch_size: int | None = Field(None, gt=0)
+    depth: int | None = Field(None, gt=0, description="default: the size's")
+    hidden_size: int | None = Field(None, gt=0, description="default: the size's")
+    num_heads: int | None = Field(None, gt=0, description="default: the size's")
+    patch_size: int | None = Field(None, gt=0, description="default: the size's")
     mlp_ratio: float = Field(4.0, gt=0.0)
-    conditioning: Literal["class", "none"] = "class"
-    num_classes: int | None = Field(None, gt=0, description="default: from the data set")
-    class_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0)
-    latent: LatentInputConfig | None = None
-    diffusion: DiffusionConfig = DiffusionConfig()
 
     @field_validator("size")
     @classmethod
@@ -42,20 +34,48 @@ class DiffusionModelConfig(FamilyConfig):
             raise ValueError(f"unknown DiT size {value!r}; allowed: {', '.join(DIT_SIZES)}")
         return value
 
+    @model_validator(mode="after")
+    def _heads_divide_the_width(self) -> "DiTConfig":
+        dims = self.dims()
+        if dims["hidden_size"] % dims["num_heads"]:
+            raise ValueError(f"model.backbone.hidden_size={dims['hidden_size']} must be divisible by "
+                             f"model.backbone.num_heads={dims['num_heads']}")
+        return self
+
     def dims(self) -> dict[str, int]:
-        """depth, hidden_size, num_heads, patch_size after applying the overrides to the named size."""
-        dims = dict(DIT_SIZES[self.size])
-        for key in dims:
-            if getattr(self, key, None) is not None:
-                dims[key] = getattr(self, key)
-        return dims
+        """depth, hidden_size, num_heads, patch_size: the size's, with the ones set here in their place."""
+        return {key: getattr(self, key) or value for key, value in DIT_SIZES[self.size].items()}
+
+
+class UNetBackboneConfig(UNetConfig):
+    """The ADM U-Net (Dhariwal & Nichol 2021) of genforge.nn.unet (`model.backbone.kind: unet`)."""
+
+    kind: Literal["unet"] = "unet"
+
+
+def _backbone_kind(value: Any) -> str:
+    """The `kind` of a backbone section; dit when it does not say."""
+    return value.get("kind", "dit") if isinstance(value, dict) else getattr(value, "kind", "dit")
+
+
+Backbone = Annotated[Annotated[DiTConfig, Tag("dit")] | Annotated[UNetBackboneConfig, Tag("unet")],
+                     Discriminator(_backbone_kind)]
+
+
+class DiffusionModelConfig(FamilyConfig):
+    """The backbone (`model.backbone`, a DiT or a U-Net by its `kind`), the conditioning, an optional latent codec,
+    and the diffusion objective and sampler."""
+
+    family: Literal["diffusion"] = "diffusion"
+    default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
+    backbone: Backbone = Field(DiTConfig(), description="kind: dit (the transformer of a zoo size) or unet")
+    conditioning: Literal["class", "none"] = "class"
+    num_classes: int | None = Field(None, gt=0, description="default: from the data set")
+    class_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0)
+    latent: LatentInputConfig | None = None
+    diffusion: DiffusionConfig = DiffusionConfig()
 
     def check_data(self, data: DataConfig) -> None:
-        dims = self.dims()
-        if self.backbone == "dit" and dims["hidden_size"] % dims["num_heads"]:
-            raise ValueError(
-                f"model.hidden_size={dims['hidden_size']} must be divisible by model.num_heads={dims['num_heads']}"
-            )
         tokenizer = self.latent is not None and self.latent.loaded
         if data.source == "cache" and not tokenizer:
             raise ValueError("data.source=cache needs model.latent.codec=tokenizer (model.latent.tokenizer: the run) "
@@ -82,13 +102,14 @@ class DiffusionModelConfig(FamilyConfig):
         if image_size % downsample:
             raise ValueError(f"data.image_size={image_size} must be divisible by {source}={downsample}")
         side = image_size // downsample
-        if self.backbone == "unet":
-            if side % self.unet.downsample:
+        backbone = self.backbone
+        if isinstance(backbone, UNetBackboneConfig):
+            if side % backbone.downsample:
                 raise ValueError(f"data.image_size={image_size} (model input {side}) must be divisible by "
-                                 f"{self.unet.downsample}, the downsampling of model.unet.dim_mults="
-                                 f"{list(self.unet.dim_mults)}")
+                                 f"{backbone.downsample}, the downsampling of model.backbone.dim_mults="
+                                 f"{list(backbone.dim_mults)}")
             return
-        patch = self.dims()["patch_size"]
+        patch = backbone.dims()["patch_size"]
         if side % patch:
             raise ValueError(f"data.image_size={image_size} (model input {side}) must be "
-                             f"divisible by model.patch_size={patch} (size {self.size})")
+                             f"divisible by model.backbone.patch_size={patch} (size {backbone.size})")

@@ -10,8 +10,6 @@ Parameter names follow the reference implementation's, so its checkpoints map ke
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
@@ -158,10 +156,3 @@ class DiT(nn.Module):
             tokens = block(tokens, c)  # [B, N, D]
         return self.unpatchify(self.final_layer(tokens, c))  # [B, N, p·p·C'] -> [B, C', H, W]
 
-
-def dit_from_size(name: str, **kwargs: Any) -> DiT:
-    """A DiT from the paper's zoo by name ("S/2" ... "XL/8"); kwargs give input_size, in_channels and may
-    override any other DiT argument."""
-    if name not in DIT_SIZES:
-        raise ValueError(f"unknown DiT size {name!r}; allowed: {', '.join(DIT_SIZES)}")
-    return DiT(**{**DIT_SIZES[name], **kwargs})

@@ -88,8 +88,8 @@ def dit_transformer(dit: DiT) -> DiTTransformer2DModel:
     than diffusers' 4 × hidden."""
     width, heads = dit.x_embedder.proj.out_channels, dit.blocks[0].attn.num_heads
     if dit.blocks[0].mlp.fc1.out_features != 4 * width:
-        raise ExportError(f"model.mlp_ratio={dit.blocks[0].mlp.fc1.out_features / width:g}: DiTTransformer2DModel's "
-                          "feed-forward is 4 x the width (mlp_ratio 4)")
+        raise ExportError(f"model.backbone.mlp_ratio={dit.blocks[0].mlp.fc1.out_features / width:g}: "
+                          "DiTTransformer2DModel's feed-forward is 4 x the width (mlp_ratio 4)")
     model = DiTTransformer2DModel(
         num_attention_heads=heads, attention_head_dim=width // heads, in_channels=dit.in_channels,
         out_channels=dit.out_channels, num_layers=len(dit.blocks), sample_size=dit.input_size,
@@ -109,8 +109,8 @@ def unet_groups(unet: UNet) -> int:
     if len(counts) != 1:
         found = "; ".join(f"{groups} groups at widths {sorted(widths)}" for groups, widths in sorted(counts.items()))
         raise ExportError(f"the U-Net's GroupNorm group counts differ ({found}): UNet2DModel has one norm_num_groups, "
-                          "so the mapping is not exact; every width (model.unet.dim x each dim_mults, and the "
-                          "concatenated skips) must share gcd(width, 32), e.g. model.unet.dim a multiple of 32")
+                          "so the mapping is not exact; every width (model.backbone.dim x each dim_mults, and the "
+                          "concatenated skips) must share gcd(width, 32), e.g. model.backbone.dim a multiple of 32")
     return next(iter(counts))
 
 
@@ -122,7 +122,7 @@ def unet_model(unet: UNet, cfg: UNetConfig, sample_size: int) -> UNet2DModel:
                           "counterpart")
     for block in unet.modules():
         if isinstance(block, AttentionBlock) and block.heads * cfg.head_dim != block.qkv.in_channels:
-            raise ExportError(f"attention width {block.qkv.in_channels} is not a multiple of model.unet.head_dim="
+            raise ExportError(f"attention width {block.qkv.in_channels} is not a multiple of model.backbone.head_dim="
                               f"{cfg.head_dim}: UNet2DModel's heads have head_dim channels each")
     groups, levels = unet_groups(unet), range(len(cfg.dim_mults))
     attn = set(cfg.attention_levels)
@@ -244,7 +244,7 @@ def diffusers_scheduler(cfg: DiffusionConfig, clip: bool) -> tuple[Any | None, l
 def pipeline_blockers(cfg: DiffusionModelConfig, num_classes: int, has_vae: bool) -> list[str]:
     """Why this run cannot be a DiTPipeline folder (empty: it can)."""
     why = []
-    if cfg.backbone != "dit":
+    if cfg.backbone.kind != "dit":
         why.append("DiTPipeline runs a DiT; diffusers' UNet2DModel pipelines take neither class labels nor "
                    "learned-variance channels")
     if not has_vae:
@@ -263,11 +263,11 @@ def to_diffusers(task: DiffusionTask, cfg: DiffusionModelConfig, out: Path) -> E
     """Write the run as diffusers folders (a DiTPipeline where `pipeline_blockers` finds nothing against it)."""
     d = cfg.diffusion
     notes: list[str] = []
-    if cfg.backbone == "dit":
+    if cfg.backbone.kind == "dit":
         name, model = "transformer", dit_transformer(task.model)
         notes.append(TIMESTEP_SHIFT_NOTE)
     else:
-        name, model = "unet", unet_model(task.model, cfg.unet, task.input_size)
+        name, model = "unet", unet_model(task.model, cfg.backbone, task.input_size)
     codec = task.latent_codec
     vae = codec.diffusers_autoencoder() if isinstance(codec, DiffusersAutoencoder) else None
     scheduler, scheduler_notes = diffusers_scheduler(d, clip=codec is None)
@@ -286,12 +286,12 @@ def to_diffusers(task: DiffusionTask, cfg: DiffusionModelConfig, out: Path) -> E
             if obj is not None:
                 obj.save_pretrained(out / part, safe_serialization=True)
         notes.append("no DiTPipeline: " + "; ".join(blockers))
-    null = (NULL_CLASS if task.num_classes <= NULL_CLASS else task.num_classes) if cfg.backbone == "dit" \
+    null = (NULL_CLASS if task.num_classes <= NULL_CLASS else task.num_classes) if cfg.backbone.kind == "dit" \
         else task.num_classes
     details = {"num_classes": task.num_classes, "null_class": null if task.num_classes else None,
                "objective": d.objective, "prediction": d.prediction if d.objective == "ddpm" else None,
                "cfg_scale": d.cfg_scale, "sample_steps": d.sample_steps, "sampler": d.sampler,
                "sample_size": task.input_size, "channels": task.channels}
-    if cfg.backbone == "dit" and not task.num_classes:
+    if cfg.backbone.kind == "dit" and not task.num_classes:
         details["class_labels"] = "unconditional: pass any label (0); its embedding is zero"
     return Exported(folders, notes, details)

@@ -48,7 +48,7 @@ class DiTWeights:
     def imported(self, notes: list[str]) -> Imported:
         """The genforge run of these weights: a class-conditional (or unconditional) DiT on the ddpm objective with
         DiT's defaults (linear β, T = 1000, ε, learned variance; 250 DDPM steps and guidance 4 for sampling)."""
-        model = {"family": "diffusion", "backbone": "dit", **self.size_fields(),
+        model = {"family": "diffusion", "backbone": {"kind": "dit", **self.size_fields()},
                  "conditioning": "class" if self.num_classes else "none",
                  "diffusion": {"objective": "ddpm", "learn_sigma": self.learn_sigma}}
         if self.num_classes:
@@ -59,8 +59,8 @@ class DiTWeights:
         return Imported(model, self.weights, codes, self.input_size, self.num_classes, notes)
 
     def size_fields(self) -> dict[str, object]:
-        """The `model` keys of a genforge config for these dimensions: the zoo's size when it is one, else S/2
-        with every dimension overridden."""
+        """The `model.backbone` keys of a genforge config for these dimensions: the zoo's size when it is one, else
+        S/2 with every dimension set."""
         dims = {"depth": self.depth, "hidden_size": self.hidden_size, "num_heads": self.num_heads,
                 "patch_size": self.patch_size}
         for name, zoo in DIT_SIZES.items():

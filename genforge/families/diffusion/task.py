@@ -12,7 +12,7 @@ from genforge.core.codec import GaussianLatentCodec
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.diffusion.build import build_objective, sample_diffusion
-from genforge.families.diffusion.config import DiffusionModelConfig
+from genforge.families.diffusion.config import DiffusionModelConfig, UNetBackboneConfig
 from genforge.families.diffusion.dit import DiT, DiTBlock
 from genforge.nn.frozen import held_on
 from genforge.nn.unet import AttentionBlock, ResBlock, UNet, build_unet
@@ -39,20 +39,21 @@ class DiffusionTask(Task):
         self.objective = build_objective(cfg.diffusion)
 
     def _build_backbone(self, cfg: DiffusionModelConfig) -> DiT | UNet:
-        """DiT of `size` (+ overrides), or the ADM U-Net of `model.unet`: (x_t [B, C, h, w], t [B], y [B]) ->
-        [B, C or 2C (learned variance), h, w]."""
-        if cfg.backbone == "unet":
+        """The DiT or ADM U-Net of `model.backbone`: (x_t [B, C, h, w], t [B], y [B]) -> [B, C or 2C (learned
+        variance), h, w]."""
+        backbone = cfg.backbone
+        if isinstance(backbone, UNetBackboneConfig):
             out_channels = self.channels * (2 if cfg.diffusion.learn_sigma else 1)
-            return build_unet(cfg.unet, in_channels=self.channels, out_channels=out_channels,
-                                  num_classes=self.num_classes)
+            return build_unet(backbone, in_channels=self.channels, out_channels=out_channels,
+                              num_classes=self.num_classes)
         return DiT(
             input_size=self.input_size,
             in_channels=self.channels,
-            mlp_ratio=cfg.mlp_ratio,
+            mlp_ratio=backbone.mlp_ratio,
             num_classes=self.num_classes,
             class_dropout_prob=0.0,  # the task drops labels itself, from the reproducible batch rng
             learn_sigma=cfg.diffusion.learn_sigma,
-            **cfg.dims(),
+            **backbone.dims(),
         )
 
     @staticmethod

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -33,8 +33,8 @@ class DVAEConfig(TokenizerConfig):
         "cosine", description="Gumbel temperature τ(step): cosine or exponential from temperature_start to "
                               "temperature_min over temperature_anneal_steps, then constant (DALL·E: cosine, 1 -> "
                               "1/16 over 150 000 updates); legacy_exp: max(temperature_min, temperature_start · "
-                              "exp(−anneal_rate · step)) (genforge before this key; implied by a config that sets "
-                              "anneal_rate without this key, as every older run directory's config.yaml does)")
+                              "exp(−anneal_rate · step)) (genforge before this key; a config of schema version 0 that "
+                              "sets anneal_rate without this key means it, as every older run's config.yaml does)")
     temperature_start: float = Field(1.0, gt=0.0, description="Gumbel-softmax temperature at step 0")
     temperature_min: float = Field(1 / 16, gt=0.0, description="the final τ of cosine/exponential, the floor of "
                                                                "legacy_exp (DALL·E 1/16; DALLE-pytorch 0.5)")
@@ -47,16 +47,6 @@ class DVAEConfig(TokenizerConfig):
     kl_weight: float = Field(0.0, ge=0.0, description="weight of KL(q(z|x) ‖ uniform) in nats per code position "
                                                       "(DALLE-pytorch's kl_div_loss_weight · h · w)")
     kl_warmup_steps: int = Field(0, ge=0, description="the KL weight rises linearly from 0 over these steps")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_runs_keep_their_schedule(cls, data: Any) -> Any:
-        """A config that sets anneal_rate but no temperature_schedule trains with legacy_exp: the config.yaml of
-        every run written before the schedule key holds anneal_rate (resolved configs hold every field), so
-        old runs resume with the temperatures they trained with; new configs name their schedule."""
-        if isinstance(data, dict) and "anneal_rate" in data and "temperature_schedule" not in data:
-            data = {**data, "temperature_schedule": "legacy_exp"}
-        return data
 
     @model_validator(mode="after")
     def _temperatures_ordered(self) -> "DVAEConfig":

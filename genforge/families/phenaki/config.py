@@ -4,11 +4,11 @@ the ids [t, h, w] of a C-ViViT run (or the colour stand-in), text conditioned, o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from genforge.core.config import DataConfig, SampleOptions
+from genforge.core.config import DataConfig, OnResume, SampleOptions
 from genforge.masked.config import MaskedSampleOptions, MaskedTokenConfig
 from genforge.tokenizers.inputs import VideoTokenInputConfig
 
@@ -39,9 +39,10 @@ class PhenakiConfig(MaskedTokenConfig):
     tokens: VideoTokenInputConfig
     seq_len: int | None = Field(None, gt=0, description="tokens per clip (t·h·w at data.video.num_frames); must "
                                                         "equal the tokenizer's (default: taken from it)")
-    sample_steps: int = Field(12, gt=0, description="parallel decoding iterations (Phenaki: 12 to 48); with "
-                                                    "decode_order=frames, per token frame")
-    decode_order: Literal["parallel", "frames"] = Field(
+    sample_steps: Annotated[int, OnResume.CHANGE] = Field(
+        12, gt=0, description="parallel decoding iterations (Phenaki: 12 to 48); with decode_order=frames, per token "
+                              "frame")
+    decode_order: Annotated[Literal["parallel", "frames"], OnResume.CHANGE] = Field(
         "parallel", description="parallel: MaskGIT's decoding of every token of the clip together; frames: token "
                                 "frame by token frame, each decoded with sample_steps iterations given the ones "
                                 "before it (the conditional frame_order_prob trains)")
@@ -49,17 +50,10 @@ class PhenakiConfig(MaskedTokenConfig):
         "absolute", description="absolute: learned per token of a frame + projected sin-cos of the token frame; "
                                 "rotary: those plus 3-D rotary embeddings (RoPE) of (token frame, row, column) in "
                                 "every self-attention, so attention can reach a token by its offset (motion)")
-    frame_order_prob: float = Field(0.0, ge=0.0, le=1.0, description="share of training clips masked in frame "
-                                    "order: a random token frame partly hidden (γ(r)), the frames before it visible, "
-                                    "those after it hidden; the rest masked as MaskGIT (uniformly)")
-    frame_order_loss: Literal["all", "frame"] = Field(
-        "all", description="the tokens a frame-ordered clip scores: all: every hidden one, the later token frames "
-                           "too (predicted from an unfinished frame); frame: only the hidden tokens of the frame being "
-                           "decoded, the later frames hidden as when decoding and not scored (the conditional "
-                           "decode_order=frames samples, alone)")
-
-    may_change_on_resume: ClassVar[frozenset[str]] = MaskedTokenConfig.may_change_on_resume | frozenset(
-        {"decode_order", "frame_order_prob", "frame_order_loss"})
+    frame_order_prob: Annotated[float, OnResume.CHANGE] = Field(
+        0.0, ge=0.0, le=1.0, description="share of training clips masked in frame order: a random token frame partly "
+                                         "hidden (γ(r)), the frames before it visible, those after it hidden; the "
+                                         "rest masked as MaskGIT (uniformly)")
 
     def check_data(self, data: DataConfig) -> None:
         if data.source == "cache" and self.tokens.codec != "tokenizer":

@@ -63,10 +63,9 @@ class PhenakiTask(MaskedTokenTask):
 
     def training_masks(self, rng: BatchRandom, n: int, real: Tensor | None = None) -> TrainingMasks:
         """MaskGIT's uniform masks; with model.frame_order_prob, that share of the clips masked in frame order
-        (`masking.frame_training_mask`: what decoding token frame by token frame conditions on), scoring every hidden
-        token or, with model.frame_order_loss=frame, only those of the frame being decoded. With `real` (clips with
-        padding), the frame being decoded is drawn among each clip's real token frames and the frames after it are
-        hidden up to its last real one."""
+        (`masking.frame_training_mask`: what decoding token frame by token frame conditions on), every hidden token
+        scored, the later token frames' too. With `real` (clips with padding), the frame being decoded is drawn among
+        each clip's real token frames and the frames after it are hidden up to its last real one."""
         prob = self.cfg.frame_order_prob
         if not prob:
             return super().training_masks(rng, n, real)
@@ -75,10 +74,7 @@ class PhenakiTask(MaskedTokenTask):
         real_frames = frames if real is None else real[:, ::per_frame].sum(1)  # [G]: a prefix of real token frames
         r_all, ordered_all = rng.rand_global(), rng.rand_global() < prob  # [G] each: every sample of the step
         frame_all = (rng.rand_global() * real_frames).long().clamp(max=real_frames - 1)  # [G]: the frame decoded
-        later_scored = self.cfg.frame_order_loss == "all"
-        ordered_counts = (frame_hidden_count(r_all, frame_all, per_frame, real_frames, schedule) if later_scored
-                          else hidden_count(r_all, per_frame, schedule))
-        counts = torch.where(ordered_all, ordered_counts,
+        counts = torch.where(ordered_all, frame_hidden_count(r_all, frame_all, per_frame, real_frames, schedule),
                              hidden_count(r_all, n if real is None else real.sum(1), schedule))
         if real is not None:
             counts = counts * (real_frames > 0)  # the all-padding row of a sample a stream dropped hides nothing
@@ -89,11 +85,7 @@ class PhenakiTask(MaskedTokenTask):
         if real_rows is not None:
             in_order = in_order & real_rows  # the later frames up to the last real one
         hidden = torch.where(ordered[:, None], in_order, uniform)
-        if later_scored:
-            return TrainingMasks(hidden, hidden, counts.sum())
-        position_frame = torch.arange(n, device=hidden.device) // per_frame  # [N]
-        current = position_frame[None, :] == frame[:, None]  # [B, N]: the frame being decoded
-        return TrainingMasks(hidden, torch.where(ordered[:, None], in_order & current, uniform), counts.sum())
+        return TrainingMasks(hidden, hidden, counts.sum())
 
     def decode_in_order(self, run: DecodeRun, shape: tuple[int, ...], initial: Tensor | None,
                         settings: dict[str, Any]) -> Tensor:

@@ -1,5 +1,9 @@
 from family_contract import FamilyContract
 
+# a tiny U-Net in place of the DiT
+UNET_16 = "model.backbone={kind: unet, dim: 16, dim_mults: [1, 2], num_res_blocks: 1, attention_levels: [1], " \
+          "head_dim: 16}"
+
 
 class TestDiTPixels(FamilyContract):
     preset = "dit-debug"
@@ -23,12 +27,9 @@ class TestDiTEDM(FamilyContract):
 
 class TestDiTUNetBackbone(FamilyContract):
     preset = "dit-debug"
-    overrides = ("model.backbone=unet", "model.unet.dim=16", "model.unet.dim_mults=[1,2]",
-                 "model.unet.num_res_blocks=1", "model.unet.attention_levels=[1]", "model.unet.head_dim=16",
-                 "model.diffusion.prediction=v", "model.diffusion.learn_sigma=false")
+    overrides = (UNET_16, "model.diffusion.prediction=v", "model.diffusion.learn_sigma=false")
 
 
 class TestDiTUNetLearnedSigma(FamilyContract):
     preset = "dit-debug"
-    overrides = ("model.backbone=unet", "model.unet.dim=16", "model.unet.dim_mults=[1,2]",
-                 "model.unet.num_res_blocks=1", "model.unet.attention_levels=[1]", "model.unet.head_dim=16")
+    overrides = (UNET_16,)

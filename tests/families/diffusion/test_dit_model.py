@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from genforge.families.diffusion.dit import DIT_SIZES, DiT, dit_from_size
+from genforge.families.diffusion.config import DiTConfig
+from genforge.families.diffusion.dit import DIT_SIZES, DiT
 
 
 def tiny(**kw) -> DiT:
@@ -14,7 +15,7 @@ def tiny(**kw) -> DiT:
 @pytest.mark.parametrize("name,count", [("S/2", 32_865_056), ("B/2", 130_315_808), ("XL/2", 674_834_720)])
 def test_paper_parameter_counts(name, count):
     with torch.device("meta"):
-        model = dit_from_size(name, input_size=32, in_channels=4, num_classes=1000)
+        model = DiT(**DiTConfig(size=name).dims(), input_size=32, in_channels=4, num_classes=1000)
     total = sum(p.numel() for p in model.parameters())
     assert total == count
     assert total / 1e6 == pytest.approx({"S/2": 33, "B/2": 130, "XL/2": 675}[name], rel=0.01)
@@ -25,7 +26,7 @@ def test_zoo_names_and_unknown_size():
     assert DIT_SIZES["XL/2"] == dict(depth=28, hidden_size=1152, num_heads=16, patch_size=2)
     assert DIT_SIZES["L/4"] == dict(depth=24, hidden_size=1024, num_heads=16, patch_size=4)
     with pytest.raises(ValueError, match=r"allowed: S/2, S/4.*XL/8"):
-        dit_from_size("M/3", input_size=32, in_channels=4)
+        DiTConfig(size="M/3")
 
 
 @pytest.mark.parametrize("learn_sigma", [True, False])

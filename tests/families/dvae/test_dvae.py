@@ -8,6 +8,7 @@ from pathlib import Path
 
 from genforge.app.runs import build_task
 from genforge.app.config import ConfigError, load_config, to_yaml
+from genforge.app.migrations import migrate
 from genforge.families.dvae.config import DVAEConfig
 from genforge.data.loader import DataInfo, scan_data_info
 from genforge.core.random import BatchRandom
@@ -78,8 +79,8 @@ def test_old_run_configs_keep_the_legacy_formula():
         assert cfg.model.temperature_schedule == "legacy_exp"
         assert [cfg.model.temperature(s) for s in (0, 3, 8)] == [1.0, math.exp(-0.3), 0.5]
         assert "temperature_schedule: legacy_exp" in to_yaml(cfg)
-    assert DVAEConfig.model_validate({"anneal_rate": 1e-6}).temperature_schedule == "legacy_exp"
-    assert DVAEConfig.model_validate({"temperature_min": 0.5}).temperature_schedule == "cosine"
+    assert migrate({"model": {"family": "dvae", "anneal_rate": 1e-6}})["model"]["temperature_schedule"] == "legacy_exp"
+    assert "temperature_schedule" not in migrate({"model": {"family": "dvae", "temperature_min": 0.5}})["model"]
     assert DVAEConfig.model_validate({"anneal_rate": 0.1, "temperature_schedule": "legacy_exp"}).temperature(1) == \
         math.exp(-0.1)
 

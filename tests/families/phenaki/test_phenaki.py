@@ -124,9 +124,8 @@ def test_story_mode_continues_each_clip_from_the_re_encoded_end_of_the_last(monk
         task.sample_conditions(2, torch.Generator(), story=story, prompt="a red circle")
 
 
-@pytest.mark.parametrize("loss", ["all", "frame"])
-def test_frame_ordered_training_masks_count_what_they_score_over_the_global_batch(loss):
-    task = task_of("model.frame_order_prob=0.5", f"model.frame_order_loss={loss}")
+def test_frame_ordered_training_masks_count_what_they_score_over_the_global_batch():
+    task = task_of("model.frame_order_prob=0.5")
     t, p = 3, 64
     rng = BatchRandom(0, 0, 0, 8, 0, 8)  # one process: the global batch is the micro-batch
     hidden, targets, total = task.training_masks(rng, t * p)
@@ -136,11 +135,7 @@ def test_frame_ordered_training_masks_count_what_they_score_over_the_global_batc
     assert ordered, "with probability 0.5 some of 8 rows are frame-ordered"
     for i in ordered:
         decoded = int(frames[i].any(-1).long().argmax())  # the first frame with a hidden token
-        if loss == "all":
-            assert torch.equal(scored[i], frames[i])
-        else:  # only the decoded frame is scored; the later ones are hidden, as when decoding
-            assert torch.equal(scored[i][decoded], frames[i][decoded]) and not scored[i][decoded + 1 :].any()
-            assert frames[i][decoded + 1 :].all()
+        assert torch.equal(scored[i], frames[i]) and frames[i][decoded + 1 :].all()  # the later frames: hidden
     uniform = [i for i in range(8) if i not in ordered]
     assert all(torch.equal(scored[i], frames[i]) for i in uniform)
     halves = [BatchRandom(0, 0, 0, 8, off, 4) for off in (0, 4)]  # two processes of 4: the same masks and total
@@ -384,10 +379,9 @@ def loss_and_grads(task, video, frame_mask):
     return loss.detach(), {n: p.grad.clone() for n, p in task.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("frame_order_prob,frame_order_loss", [(0.0, "all"), (0.5, "all"), (0.5, "frame")])
-def test_padded_token_frames_are_never_targets_never_seen_and_never_counted(frame_order_prob, frame_order_loss):
-    task = task_of("data.video.min_frames=1", f"model.frame_order_prob={frame_order_prob}",
-                   f"model.frame_order_loss={frame_order_loss}")
+@pytest.mark.parametrize("frame_order_prob", [0.0, 0.5])
+def test_padded_token_frames_are_never_targets_never_seen_and_never_counted(frame_order_prob):
+    task = task_of("data.video.min_frames=1", f"model.frame_order_prob={frame_order_prob}")
     n, p = 3 * 64, 64
     real = task.real_positions(FRAME_MASK, n)  # [4, N]: a token frame with a padded video frame is padding
     assert real.view(4, 3, p).all(-1).sum(1).tolist() == [3, 2, 1, 1] and torch.equal(real.view(4, 3, p).any(-1),

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from genforge.app.config import ConfigError, load_config, to_yaml
+from genforge.app.migrations import migrate
 from genforge.core.random import BatchRandom
 from genforge.app.runs import build_task
 from genforge.nn.discriminator import gradient_penalty, hinge_discriminator_loss, interpolates
@@ -148,8 +149,8 @@ def test_old_runs_r1_keys_mean_the_r1_penalty(fixture, tmp_path):
     assert (gan.penalty, gan.penalty_weight, gan.penalty_every) == ("r1", 1.0, 2)
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))  # re-resolved with the new keys, the same penalty
     assert "r1_weight" not in to_yaml(cfg) and load_config(str(tmp_path / "config.yaml")).model == cfg.model
-    assert GANConfig.model_validate({"r1_weight": 0.0, "r1_every": 4}).penalty == "none"
-    assert GANConfig.model_validate({"r1_every": 8}).penalty == "none"  # r1_weight's default was 0: off
+    assert migrate({"model": {"gan": {"r1_weight": 0.0, "r1_every": 4}}})["model"]["gan"]["penalty"] == "none"
+    assert migrate({"model": {"gan": {"r1_every": 8}}})["model"]["gan"]["penalty"] == "none"  # r1_weight's default was 0
 
 
 def test_wgan_gp_on_real_images_is_hinge_plus_lambda_times_the_penalty():
