@@ -164,7 +164,7 @@ class Trainer:
         tc.check_phases(self.task.phase_names())
         if tc.sample_frames is not None:  # the clip length against the tokenizer's layout, before any step
             try:
-                self.task.sampler_settings(**self.preview_options())
+                self.task.sampler_settings(self.task.preview_options(tc))
             except ValueError as err:
                 raise ConfigError(f"train.sample_frames={tc.sample_frames}: {err}") from None
         # fsdp: sharded over the processes (one process: whole, with sharded-format checkpoints all the same)
@@ -729,11 +729,6 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return (every > 0 and self.step % every == 0) or self.step == self.run.train.steps
 
-    def preview_options(self) -> dict[str, Any]:
-        """Sampling options of the preview grids: a video generator's clip length (train.sample_frames)."""
-        frames = self.run.train.sample_frames
-        return {} if frames is None else {"frames": frames}
-
     @torch.no_grad()
     def sample_grid(self) -> Path | None:
         """Preview grid from the EMA weights, written by the main process (a sharded task samples on every rank,
@@ -744,18 +739,18 @@ class Trainer:
         if not (main or self.sharded) or not self.task.makes_samples:
             return None
         seed, n, device = self.run.train.seed, self.run.train.num_samples, self.accelerator.device
-        opts = self.preview_options()
+        options = self.task.preview_options(self.run.train)
         self.task.eval()
         online = None
         if self.task.preview_online:
             gen = torch.Generator(device=device).manual_seed(seed)
             with self._full_weights():
-                online = self.task.sample(self.task.sample_conditions(n, gen), gen, n, **opts)
+                online = self.task.sample(self.task.sample_conditions(n, gen, options), gen, n, options)
         gen = torch.Generator(device=device).manual_seed(seed)
         path = None
         with self.ema.swapped_in(), self._full_weights():
-            cond = self.task.sample_conditions(n, gen)
-            images = self.task.sample(cond, gen, n, **opts)
+            cond = self.task.sample_conditions(n, gen, options)
+            images = self.task.sample(cond, gen, n, options)
             if online is not None:
                 cond["online"] = online
             if main:  # a task's preview may run its networks (a dvae's soft reconstructions)
