@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import math
@@ -15,7 +16,7 @@ from typing import Annotated, Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import typer
-from typer.core import TyperCommand, TyperOption
+from typer.core import TyperCommand
 
 from genforge.app.api import Run, default_device, load_run, resolve_precision, sampling_options
 from genforge.app.config import ConfigError, RunConfig, list_presets, load_config, to_yaml
@@ -170,10 +171,10 @@ FAMILIES_PANEL = "Options of the families (named in brackets)"
 
 def _option_parameter(option: FamilyOption) -> inspect.Parameter:
     """The typer option of a sampling option's field: `--name VALUE` (a bool: `--name/--no-name`), None when not
-    given; its help the field's description (a family's option: and its families), under a help panel of its own."""
+    given, its help the field's description (a family's option: and its families), under a help panel of its own."""
     types = [t for t in typing.get_args(option.field.annotation) or (option.field.annotation,) if t is not type(None)]
     kind = next((t for t in (bool, int, float) if t in types and not option.read), str)
-    decls = [f"{option.flag}/--no-{option.flag[2:]}"] if kind is bool else [option.flag]
+    decls = [f"{option.flag}/--no-{option.flag[2:]}" if kind is bool else option.flag]
     panel, help_ = ("Sampling options", option.field.description) if option.common else (
         FAMILIES_PANEL, f"{option.field.description} [{', '.join(option.families)}]")
     info = typer.Option(*decls, help=help_, metavar=READ_METAVARS.get(option.read or ""), rich_help_panel=panel)
@@ -181,32 +182,46 @@ def _option_parameter(option: FamilyOption) -> inspect.Parameter:
                              annotation=Annotated[Optional[kind], info])
 
 
-def sampling_parameters(command: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Gives the decorated command (whose **given takes them) a typer option per sampling option `command` takes
-    (`runs.sample_options`: SampleOptions' fields and every family's), generated from the options models."""
-    def decorate(function: Callable[..., None]) -> Callable[..., None]:
-        signature = inspect.signature(function, eval_str=True)
-        own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        generated = [_option_parameter(option) for option in sample_options(command)]
-        function.__signature__ = signature.replace(parameters=own + generated)  # type: ignore[attr-defined]
-        return function
-    return decorate
+class SamplingOptions:
+    """A command function (`sample`, `eval`) with the sampling options generated from the options models: its
+    signature, of which typer makes the command's parameters, is the function's own plus a typer option per
+    sampling option `command` takes (SampleOptions' fields and every registered family's: `runs.sample_options`),
+    made each time typer builds the command; the function gets the options given as its `given` dict."""
+
+    def __init__(self, function: Callable[..., None], command: str) -> None:
+        functools.update_wrapper(self, function)
+        self.function, self.command = function, command
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        signature = inspect.signature(self.function, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "given"]
+        return signature.replace(parameters=own + [_option_parameter(o) for o in sample_options(self.command)])
+
+    def __call__(self, **kwargs: Any) -> None:
+        names = {option.name for option in sample_options(self.command)}
+        given = {name: kwargs.pop(name) for name in names & set(kwargs)}
+        self.function(**kwargs, given={name: value for name, value in given.items() if value is not None})
+
+
+def sampling_options_of(command: str) -> Callable[[Callable[..., None]], SamplingOptions]:
+    """Decorator: the command function with the sampling options of `command` (`SamplingOptions`)."""
+    return lambda function: SamplingOptions(function, command)
 
 
 class SamplingCommand(TyperCommand):
-    """`sample` and `eval`, whose sampling options are generated from the options models (`sampling_parameters`).
-    With a run among the arguments, --help lists the common options and those of the run's family only (without
-    one: every family's, each naming its families)."""
+    """`sample` and `eval`: with a run among the arguments, --help lists the common sampling options and those of
+    the run's family only (without one: every family's, each naming its families)."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         family = next((f for f in (run_family(a) for a in args if not a.startswith("-")) if f), None)
         options = {option.name: option for option in family_sample_options(self.name)}
         for param in self.params if family else ():
             option = options.get(param.name or "")
-            if option is not None and isinstance(param, TyperOption):
+            if option is not None:
                 param.hidden = family not in option.families
                 param.help = option.field.description
-                param.rich_help_panel = f"Options of {family!r} models"
+                param.rich_help_panel = f"Options of {family!r} models"  # type: ignore[attr-defined]
         return super().parse_args(ctx, args)
 
     def format_options(self, ctx: typer.Context, formatter: Any) -> None:
@@ -224,7 +239,7 @@ class SamplingCommand(TyperCommand):
 
 
 @app.command(cls=SamplingCommand)
-@sampling_parameters("sample")
+@sampling_options_of("sample")
 def sample(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with a checkpoint")],
     n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of samples (default: 16, or one per "
@@ -235,14 +250,14 @@ def sample(
     seed: Annotated[int, typer.Option(min=0)] = 0,
     precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
     compile_: Annotated[bool, typer.Option("--compile/--no-compile", help=COMPILE_HELP)] = False,
-    **given: Any,
+    given: dict[str, Any] | None = None,
 ) -> None:
     """Write a grid of samples from the run's EMA weights.
 
     A PNG grid (a GIF or MP4 of clips for video models), and the prompts, one per cell, beside it. Under torchrun
     the processes split the samples (the grid is the same) and rank 0 writes it. Each family has sampling options
     of its own: `genforge sample RUN_DIR --help` lists those of the run's family."""
-    given = {k: v for k, v in given.items() if v is not None}
+    given = given or {}
     _check_finite(**{k: v for k, v in given.items() if isinstance(v, float)})
     if out is not None:  # before sampling: a wrong --out should not cost the samples
         if out.suffix and out.suffix.lower() not in PREVIEW_WRITERS:
@@ -295,7 +310,7 @@ def _sample(run_dir: Path, n: int | None, out: Path | None, seed: int, precision
 
 
 @app.command("eval", cls=SamplingCommand)
-@sampling_parameters("eval")
+@sampling_options_of("eval")
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with a checkpoint")],
     metrics: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. judge,fid,kid,is,prdc")] = None,
@@ -313,13 +328,13 @@ def evaluate(
                                                             "metric fvd; default: eval.i3d_weights")] = None,
     precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
     compile_: Annotated[bool, typer.Option("--compile/--no-compile", help=COMPILE_HELP)] = False,
-    **given: Any,
+    given: dict[str, Any] | None = None,
 ) -> None:
     """Score the run's EMA model; writes RUN_DIR/eval/<step>.json.
 
     Under torchrun rank 0 writes it (the processes split the samples: the scores are those of one process).
     Sampling options of the run's family that apply to evaluation are listed by `genforge eval RUN_DIR --help`."""
-    given = {k: v for k, v in given.items() if v is not None}
+    given = given or {}
     _check_finite(**{k: v for k, v in given.items() if isinstance(v, float)})
     _join_process_group()
     try:
