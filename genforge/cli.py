@@ -23,9 +23,9 @@ from genforge.app.config import ConfigError, RunConfig, list_presets, load_confi
 from genforge.app.encode import encode_dataset
 from genforge.app.export import EXPORT_RECORD, export_run
 from genforge.app.importer import import_run
-from genforge.app.runs import (FamilyOption, build_task, check_data_size, count_parameters, family_sample_options,
-                               flag, load_any_codec, make_trainer, missing_inputs, resume_changes, run_family,
-                               sample_options)
+from genforge.app.runs import (SamplingOption, build_task, check_data_size, count_parameters,
+                               family_sample_options, flag, load_any_codec, make_trainer, missing_inputs,
+                               resume_changes, run_family, sample_options)
 from genforge.core.family import export_targets
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
@@ -169,7 +169,7 @@ READ_METAVARS = {"image": "IMAGE", "video": "VIDEO", "lines": "FILE", "run": "RU
 FAMILIES_PANEL = "Options of the families (named in brackets)"
 
 
-def _option_parameter(option: FamilyOption) -> inspect.Parameter:
+def _option_parameter(option: SamplingOption) -> inspect.Parameter:
     """The typer option of a sampling option's field: `--name VALUE` (a bool: `--name/--no-name`), None when not
     given, its help the field's description (a family's option: and its families), under a help panel of its own."""
     types = [t for t in typing.get_args(option.field.annotation) or (option.field.annotation,) if t is not type(None)]
@@ -182,7 +182,7 @@ def _option_parameter(option: FamilyOption) -> inspect.Parameter:
                              annotation=Annotated[Optional[kind], info])
 
 
-class SamplingOptions:
+class SamplingFlags:
     """A command function (`sample`, `eval`) with the sampling options generated from the options models: its
     signature, of which typer makes the command's parameters, is the function's own plus a typer option per
     sampling option `command` takes (SampleOptions' fields and every registered family's: `runs.sample_options`),
@@ -204,9 +204,9 @@ class SamplingOptions:
         self.function(**kwargs, given={name: value for name, value in given.items() if value is not None})
 
 
-def sampling_options_of(command: str) -> Callable[[Callable[..., None]], SamplingOptions]:
-    """Decorator: the command function with the sampling options of `command` (`SamplingOptions`)."""
-    return lambda function: SamplingOptions(function, command)
+def with_sampling_flags(command: str) -> Callable[[Callable[..., None]], SamplingFlags]:
+    """Decorator: the command function with the sampling options of `command` (`SamplingFlags`)."""
+    return lambda function: SamplingFlags(function, command)
 
 
 class SamplingCommand(TyperCommand):
@@ -239,7 +239,7 @@ class SamplingCommand(TyperCommand):
 
 
 @app.command(cls=SamplingCommand)
-@sampling_options_of("sample")
+@with_sampling_flags("sample")
 def sample(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with a checkpoint")],
     n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of samples (default: 16, or one per "
@@ -310,7 +310,7 @@ def _sample(run_dir: Path, n: int | None, out: Path | None, seed: int, precision
 
 
 @app.command("eval", cls=SamplingCommand)
-@sampling_options_of("eval")
+@with_sampling_flags("eval")
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with a checkpoint")],
     metrics: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. judge,fid,kid,is,prdc")] = None,

@@ -107,7 +107,8 @@ def _validated(model: type[SampleOptions], given: dict[str, Any], spell: Spell) 
         raise ValueError(f"{spell(name)} {given.get(name)!r}: {error['msg']}") from None
 
 
-def _check_names(config: RunConfig, given: dict[str, Any], command: str, spell: Spell) -> dict[str, runs.FamilyOption]:
+def _check_names(config: RunConfig, given: dict[str, Any], command: str, spell: Spell
+                 ) -> dict[str, runs.SamplingOption]:
     """The options named in `given`; ValueError naming one that is unknown to `command`, belongs to other families,
     or asks for prompts of a model that is not text-conditioned."""
     family = config.model.family

@@ -101,7 +101,7 @@ def flag(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class FamilyOption:
+class SamplingOption:
     """A sampling option: its field name, the pydantic field, and the families that have it (every family: a common
     option, a field of SampleOptions)."""
 
@@ -130,21 +130,21 @@ class FamilyOption:
         return bool((self.field.json_schema_extra or {}).get("eval"))
 
 
-def sample_options(command: str | None = None) -> list[FamilyOption]:
+def sample_options(command: str | None = None) -> list[SamplingOption]:
     """Every sampling option, once each: the common ones (SampleOptions), then those the registered families add
     (FamilyConfig.sample_options) in registration order; `command` "eval": those evaluation takes too
-    (`FamilyOption.for_eval`)."""
+    (`SamplingOption.for_eval`)."""
     every = tuple(name for name, _ in FAMILIES.items())
-    found = {name: FamilyOption(name, field, every) for name, field in SampleOptions.model_fields.items()}
+    found = {name: SamplingOption(name, field, every) for name, field in SampleOptions.model_fields.items()}
     for family, spec in FAMILIES.items():
         for name, field in spec.config.sample_options.model_fields.items():
             known = found.get(name)
             if known is None or not known.common:
-                found[name] = FamilyOption(name, field, (known.families if known else ()) + (family,))
+                found[name] = SamplingOption(name, field, (known.families if known else ()) + (family,))
     return [option for option in found.values() if command != "eval" or option.for_eval]
 
 
-def family_sample_options(command: str | None = None) -> list[FamilyOption]:
+def family_sample_options(command: str | None = None) -> list[SamplingOption]:
     """The sampling options the families add to the common ones (`sample_options` less SampleOptions' fields)."""
     return [option for option in sample_options(command) if not option.common]
 

@@ -105,9 +105,10 @@ class Dalle2SampleOptions(SampleOptions):
     start_stage: int | None = Field(None, ge=1, description="the first stage of the cascade to run (a later one "
                                                             "upsamples --image)")
     stop_stage: int | None = Field(None, ge=1, description="the last stage of the cascade to run")
-    prior: Path | Task | None = Field(None, description="a dalle2_prior run over the same CLIP: --prompt (or the held-out "
-                                                 "captions) becomes image embeddings through it (DALL·E 2 §2.2), "
-                                                 "text-to-image", json_schema_extra={"read": "run", "eval": True})
+    prior: Path | Task | None = Field(
+        None, description="a dalle2_prior run over the same CLIP: --prompt (or the held-out captions) becomes image "
+                          "embeddings through it (DALL·E 2 §2.2), text-to-image",
+        json_schema_extra={"read": "run", "eval": True})
     from_captions: bool = Field(False, description="decode held-out captions (their labels kept for the judge) "
                                                    "instead of making variations of held-out images: through "
                                                    "--prior, else CLIP's text embedding (the shortcut)",
