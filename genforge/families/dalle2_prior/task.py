@@ -25,7 +25,7 @@ from genforge.core.config import SampleOptions
 from genforge.core.errors import ConfigError
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, heldout_captions, interleave_rows
-from genforge.diffusion.build import build_objective, sample_diffusion
+from genforge.diffusion.build import build_objective, sample_diffusion, with_diffusion_defaults
 from genforge.families.dalle2_prior.config import Dalle2PriorConfig
 from genforge.families.dalle2_prior.model import PriorNetwork
 from genforge.nn.attention import PreNormBlock
@@ -153,8 +153,7 @@ class Dalle2PriorTask(Task):
     # ---------------------------------------------------------------------------------------------- sampling
     def resolve(self, options: SampleOptions | None = None) -> SampleOptions:
         """Unset sampler, steps and guidance scale from model.diffusion."""
-        d = self.cfg.diffusion
-        return SampleOptions.of(options).filled(sampler=d.sampler, steps=d.sample_steps, cfg_scale=d.cfg_scale)
+        return with_diffusion_defaults(options, self.cfg.diffusion)
 
     def sampler_settings(self, options: SampleOptions) -> dict[str, Any]:
         return {"sampler": options.sampler, "steps": options.steps, "cfg_scale": options.cfg_scale,

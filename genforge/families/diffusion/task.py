@@ -12,7 +12,7 @@ from genforge.core.codec import GaussianLatentCodec
 from genforge.core.config import SampleOptions
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
-from genforge.diffusion.build import build_objective, sample_diffusion
+from genforge.diffusion.build import build_objective, sample_diffusion, with_diffusion_defaults
 from genforge.families.diffusion.config import DiffusionModelConfig
 from genforge.families.diffusion.dit import DiT, DiTBlock
 from genforge.nn.frozen import held_on
@@ -110,8 +110,7 @@ class DiffusionTask(Task):
 
     def resolve(self, options: SampleOptions | None = None) -> SampleOptions:
         """Unset sampler, steps and guidance scale from model.diffusion."""
-        d = self.cfg.diffusion
-        return SampleOptions.of(options).filled(sampler=d.sampler, steps=d.sample_steps, cfg_scale=d.cfg_scale)
+        return with_diffusion_defaults(options, self.cfg.diffusion)
 
     def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
         if not self.num_classes:
