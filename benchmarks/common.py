@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from genforge.app.config import RunConfig, load_config
 from genforge.app.runs import build_task, make_trainer
-from genforge.core.config import TrainConfig
+from genforge.core.config import SampleOptions, TrainConfig
 from genforge.core.random import BatchRandom
 from genforge.core.task import Task
 from genforge.data.base import collate
@@ -385,16 +385,17 @@ def time_reference(repo: Path, spec: ModelSpec, batch: int, precision: str, step
 
 # ------------------------------------------------------------------------------------------ MaskGIT
 def sampling_seconds(task: Task, batch: int, repeats: int, precision: str = "fp32",
-                     **opts: Any) -> tuple[float, float]:
+                     options: SampleOptions | None = None) -> tuple[float, float]:
     """(median, first) seconds of `task.sample` for `batch` images of its default conditions over `repeats` calls
-    after the first (which also memoises text embeddings), on the task's device; `opts`: sampler options."""
+    after the first (which also memoises text embeddings), on the task's device, with `options` (default: none)."""
     device = next(task.parameters()).device
-    cond = task.sample_conditions(batch, torch.Generator(device).manual_seed(0))
+    options = task.resolve(options)
+    cond = task.sample_conditions(batch, torch.Generator(device).manual_seed(0), options)
     times = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
         with autocast(device.type, precision):
-            task.sample(cond, torch.Generator(device).manual_seed(i), batch, **opts)
+            task.sample(cond, torch.Generator(device).manual_seed(i), batch, options)
         synchronize(device.type)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:]), times[0]

@@ -80,7 +80,8 @@ def check(preset: str, overrides: list[str], repeats: int, device: str) -> str:
         compiled.eval()
         gen = torch.Generator(device).manual_seed(0)
         with torch.no_grad():
-            out = compiled.sample(compiled.sample_conditions(2, gen), gen, n=2)
+            options = compiled.resolve()
+            out = compiled.sample(compiled.sample_conditions(2, gen, options), gen, 2, options)
         sampled = "ok" if torch.isfinite(out).all() else "non-finite"
     return (f"| {preset} {' '.join(overrides)[:40]} | {len(compiled.trained_blocks())} | {first:.0f} s | "
             f"{loss_diff:.1e} | {grad_diff:.1e} | {eager_time * 1000:.0f} | {step * 1000:.0f} | {sampled} |")

@@ -21,6 +21,7 @@ import torch
 from genforge.app.config import load_config
 from genforge.core.random import BatchRandom
 from genforge.app.runs import build_task, load_run
+from genforge.masked.config import MaskedSampleOptions
 
 from common import sampling_seconds
 
@@ -46,7 +47,8 @@ def main() -> None:
         cfg = load_config(args.preset, args.overrides)
         task = build_task(cfg)
     task.eval()
-    sample_s, first_s = sampling_seconds(task, args.batch, args.repeats, steps=args.steps, cfg_scale=args.cfg_scale)
+    options = MaskedSampleOptions(steps=args.steps, cfg_scale=args.cfg_scale)
+    sample_s, first_s = sampling_seconds(task, args.batch, args.repeats, options=options)
     dims = f"depth {cfg.model.depth}, width {cfg.model.width}, {task.grid}x{task.grid} tokens"
     print(f"sampling ({dims}; {args.steps} steps, cfg {args.cfg_scale}, batch {args.batch}, "
           f"{args.threads} threads): {sample_s * 1000:.0f} ms/batch, {args.batch / sample_s:.1f} images/s "
@@ -61,7 +63,7 @@ def train_step_time(task: torch.nn.Module, cfg, steps: int) -> None:
     task.train()
     opt = torch.optim.AdamW([p for p in task.parameters() if p.requires_grad], lr=1e-4)
     batch = {"tokens": torch.randint(0, task.model.codebook_size, (b, task.grid**2))}
-    cond = task.sample_conditions(b, torch.Generator().manual_seed(0))
+    cond = task.sample_conditions(b, torch.Generator().manual_seed(0), task.resolve())
     batch.update({k: v for k, v in cond.items() if k in ("text", "label")})
     times = []
     for step in range(steps + 1):

@@ -48,6 +48,7 @@ from genforge.data.moving_shapes import DIRECTIONS
 from genforge.data.shapes import COLORS, KINDS
 from genforge.eval.judge import judge_predictions, kind_by_frame, load_or_train_judge
 from genforge.eval.motion import STILL, motion_direction
+from genforge.families.phenaki.config import PhenakiSampleOptions
 
 
 def with_direction(caption: str, direction: str) -> str:
@@ -138,8 +139,8 @@ def primed_directions(task, samples: list[dict], batch_size: int, cfg_scale: flo
             wanted = (batch["direction"].long() + shift) % len(DIRECTIONS)
             texts = [with_direction(t, DIRECTIONS[d]) for t, d in zip(batch["text"], wanted.tolist())]
             gen = torch.Generator().manual_seed(start)
-            video = task.sample({"text": texts}, gen, len(texts), prime=batch["video"][:, :, :3],
-                                cfg_scale=cfg_scale)  # [B, C, T, H, W]
+            options = task.resolve(PhenakiSampleOptions(prime=batch["video"][:, :, :3], cfg_scale=cfg_scale))
+            video = task.sample({"text": texts}, gen, len(texts), options)  # [B, C, T, H, W]
             found = motion_direction(video[:, :, 2:])  # from the last primed frame on
             right.append(found == wanted)
             still.append(found == STILL)
@@ -167,11 +168,12 @@ def kind_probe(task, samples: list[dict], batch_size: int, cfg_scale: float | No
             ce.append(F.cross_entropy(logits.transpose(1, 2), ids[:, :per_frame], reduction="none").mean(1))  # [B]
         right.append(torch.stack(ce, 1).argmin(1) == batch["label"] // len(COLORS))
         texts = list(batch["text"])
+        plain = task.resolve(PhenakiSampleOptions(cfg_scale=cfg_scale))
+        primed = task.resolve(PhenakiSampleOptions(prime=batch["video"][:, :, :1], cfg_scale=cfg_scale))
         clips = {"generated from the caption": task.sample({"text": texts}, torch.Generator().manual_seed(start),
-                                                           len(texts), cfg_scale=cfg_scale),
+                                                           len(texts), plain),
                  "primed with the real first frame": task.sample({"text": texts}, torch.Generator().manual_seed(start),
-                                                                 len(texts), prime=batch["video"][:, :, :1],
-                                                                 cfg_scale=cfg_scale),
+                                                                 len(texts), primed),
                  "the tokenizer's reconstructions": task.token_codec.decode(codes).clamp(-1, 1)}
         for name, video in clips.items():  # [B, C, T, H, W] -> the judge's class of every frame [B, T]
             b, c, t, h, w = video.shape

@@ -14,6 +14,7 @@ import time
 import torch
 
 from genforge.app.runs import load_run
+from genforge.core.config import SampleOptions
 from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
 from genforge.eval.run import generate
 
@@ -39,8 +40,8 @@ def main() -> None:
         accuracies, seconds = [], 0.0
         for seed in args.seeds:
             start = time.perf_counter()
-            opts = {"cfg_scale": args.cfg_scale} if args.cfg_scale else {}
-            images, cond = generate(run.task, args.n, seed, "cpu", sampler=name, steps=int(steps), **opts)
+            options = SampleOptions(sampler=name, steps=int(steps), cfg_scale=args.cfg_scale)
+            images, cond = generate(run.task, args.n, seed, "cpu", options=options)
             seconds += time.perf_counter() - start
             accuracies.append(prediction_report(judge_predictions(judge, images), cond["label"])["judge_accuracy"])
         per_seed = " / ".join(f"{a:.3f}" for a in accuracies)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import math
 import os
 import sys
-import textwrap
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -22,8 +23,9 @@ from genforge.app.config import ConfigError, RunConfig, list_presets, load_confi
 from genforge.app.encode import encode_dataset
 from genforge.app.export import EXPORT_RECORD, export_run
 from genforge.app.importer import import_run
-from genforge.app.runs import (FamilyOption, build_task, check_data_size, count_parameters, family_sample_options,
-                               flag, load_any_codec, make_trainer, missing_inputs, resume_changes, run_family)
+from genforge.app.runs import (SamplingOption, build_task, check_data_size, count_parameters,
+                               family_sample_options, flag, load_any_codec, make_trainer, missing_inputs,
+                               resume_changes, run_family, sample_options)
 from genforge.core.family import export_targets
 from genforge.core.status import status_on_stderr
 from genforge.core.registry import PREVIEW_WRITERS
@@ -41,7 +43,7 @@ from genforge.eval.distributed import rank_and_world
 from genforge.eval.run import write_eval_results
 from genforge.text.config import TextEncoderConfig
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Train generative vision models: tokenizers and generators, one engine.")
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Built-in data sets.")
 app.add_typer(data_app, name="data")
@@ -66,7 +68,7 @@ def train(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the resolved config and parameter count")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="start over in a new run directory")] = False,
 ) -> None:
-    """Train; running the same command again resumes from the latest checkpoint."""
+    """Train; the same command again resumes from the latest checkpoint."""
     try:
         cfg = load_config(config, set_ or [])
     except ConfigError as err:
@@ -170,136 +172,130 @@ def _precision(given: str | None, trained: str, device: str) -> str:
         _fail(str(err))
 
 
-class FamilyOptionsCommand(TyperCommand):
-    """`sample` and `eval`: besides their own options, the sampling options the families declare
-    (FamilyConfig.sample_options), parsed from the arguments typer leaves (`ctx.args`) by `_family_args`. --help
-    lists those of the run named among the arguments, or without one every family's, each naming its families."""
+READ_METAVARS = {"image": "IMAGE", "video": "VIDEO", "lines": "FILE", "run": "RUN_DIR"}
+FAMILIES_PANEL = "Options of the families (named in brackets)"
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        self.family = next((f for f in (run_family(a) for a in args if not a.startswith("-")) if f), None)
+
+def _option_parameter(option: SamplingOption) -> inspect.Parameter:
+    """The typer option of a sampling option's field: `--name VALUE` (a bool: `--name/--no-name`), None when not
+    given, its help the field's description (a family's option: and its families), under a help panel of its own."""
+    types = [t for t in typing.get_args(option.field.annotation) or (option.field.annotation,) if t is not type(None)]
+    kind = next((t for t in (bool, int, float) if t in types and not option.read), str)
+    decls = [f"{option.flag}/--no-{option.flag[2:]}" if kind is bool else option.flag]
+    panel, help_ = ("Sampling options", option.field.description) if option.common else (
+        FAMILIES_PANEL, f"{option.field.description} [{', '.join(option.families)}]")
+    info = typer.Option(*decls, help=help_, metavar=READ_METAVARS.get(option.read or ""), rich_help_panel=panel)
+    return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[Optional[kind], info])
+
+
+class SamplingFlags:
+    """A command function (`sample`, `eval`) with the sampling options generated from the options models: its
+    signature, of which typer makes the command's parameters, is the function's own plus a typer option per
+    sampling option `command` takes (SampleOptions' fields and every registered family's: `runs.sample_options`),
+    made each time typer builds the command; the function gets the options given as its `given` dict."""
+
+    def __init__(self, function: Callable[..., None], command: str) -> None:
+        functools.update_wrapper(self, function)
+        self.function, self.command = function, command
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        signature = inspect.signature(self.function, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "given"]
+        return signature.replace(parameters=own + [_option_parameter(o) for o in sample_options(self.command)])
+
+    def __call__(self, **kwargs: Any) -> None:
+        names = {option.name for option in sample_options(self.command)}
+        given = {name: kwargs.pop(name) for name in names & set(kwargs)}
+        self.function(**kwargs, given={name: value for name, value in given.items() if value is not None})
+
+
+def with_sampling_flags(command: str) -> Callable[[Callable[..., None]], SamplingFlags]:
+    """Decorator: the command function with the sampling options of `command` (`SamplingFlags`)."""
+    return lambda function: SamplingFlags(function, command)
+
+
+class SamplingCommand(TyperCommand):
+    """`sample` and `eval`: with a run among the arguments, --help lists the common sampling options and those of
+    the run's family only (without one: every family's, each naming its families)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        family = next((f for f in (run_family(a) for a in args if not a.startswith("-")) if f), None)
+        options = {option.name: option for option in family_sample_options(self.name)}
+        for param in self.params if family else ():
+            option = options.get(param.name or "")
+            if option is not None:
+                param.hidden = family not in option.families
+                param.help = option.field.description
+                param.rich_help_panel = f"Options of {family!r} models"  # type: ignore[attr-defined]
         return super().parse_args(ctx, args)
 
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        super().format_help(ctx, formatter)
-        family = getattr(self, "family", None)
-        rows = [(option, _flag_usage(option)) for option in family_sample_options(self.name)
-                if family is None or family in option.families]
-        if not rows:
-            return
-        width = max(len(usage) for _, usage in rows) + 2
-        lines = [f"Options of {family!r} models:" if family else "Options of the families (named in brackets):"]
-        for option, usage in rows:
-            text = (option.field.description or "") + ("" if family else f" [{', '.join(option.families)}]")
-            wrapped = textwrap.wrap(text, 118 - width) or [""]
-            lines += [f"  {usage:<{width}}{wrapped[0]}"] + [" " * (width + 2) + more for more in wrapped[1:]]
-        typer.echo("\n".join(lines))
+    def format_options(self, ctx: typer.Context, formatter: Any) -> None:
+        """The arguments, the command's own options, the common sampling options and the families', a section
+        each (the options' help panels)."""
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            title = "Arguments" if param.param_type_name == "argument" else getattr(param, "rich_help_panel", None)
+            if record is not None:
+                sections.setdefault(title or "Options", []).append(record)
+        for title, rows in sections.items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
 
-def _is_flag(option: FamilyOption) -> bool:
-    return bool in typing.get_args(option.field.annotation) or option.field.annotation is bool
-
-
-def _flag_usage(option: FamilyOption) -> str:
-    """`--name TYPE` (`--name / --no-name` for a flag) for --help."""
-    flag = option.flag
-    if _is_flag(option):
-        return f"{flag} / --no-{flag[2:]}"
-    kinds = [t.__name__.upper() for t in typing.get_args(option.field.annotation) if t is not type(None)]
-    shown = {"image": "IMAGE", "video": "VIDEO", "lines": "FILE", "run": "RUN_DIR"}.get(option.read or "", (kinds or ["VALUE"])[0])
-    return f"{flag} {shown}"
-
-
-def _family_args(ctx: typer.Context) -> dict[str, Any]:
-    """The family options among the arguments typer left (`--name VALUE`, `--name=VALUE`, `--flag/--no-flag`), as
-    keyword arguments for `sampling_options`, which validates them against the run's family (exit 2 naming the flag
-    when one is unknown or lacks its value)."""
-    known = {option.name: option for option in family_sample_options(ctx.command.name)}
-    args, given = list(ctx.args), {}
-    while args:
-        token = args.pop(0)
-        if not token.startswith("--"):
-            _fail(f"unexpected argument {token!r}")
-        name, _, value = token[2:].partition("=")
-        negated = name.startswith("no-") and name[3:].replace("-", "_") in known
-        key = (name[3:] if negated else name).replace("-", "_")
-        option = known.get(key)
-        if option is None:
-            _fail(f"--{name}: no such option (see genforge {ctx.command.name} RUN_DIR --help)")
-        if _is_flag(option):
-            given[key] = not negated
-        elif value or "=" in token:
-            given[key] = value
-        elif args:
-            given[key] = args.pop(0)
-        else:
-            _fail(f"--{name} needs a value")
-    return given
-
-
-FAMILY_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}  # family options reach ctx.args
-
-
-@app.command(cls=FamilyOptionsCommand, context_settings=FAMILY_ARGS)
+@app.command(cls=SamplingCommand)
+@with_sampling_flags("sample")
 def sample(
-    ctx: typer.Context,
-    run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with a checkpoint")],
     n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of samples (default: 16, or one per "
                                                                        "line of --prompts; -n under torchrun)")]
     = None,
     out: Annotated[Optional[Path], typer.Option(help="grid to write: .png (images), .gif or .mp4 (clips) (default: "
                                                   "RUN_DIR/samples/sample-...)")] = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
-    steps: Annotated[Optional[int], typer.Option(min=1, help="sampling steps (respaced)")] = None,
-    sampler: Annotated[Optional[str], typer.Option(help="diffusion sampler: ddpm, ddim (objective ddpm), euler, heun, "
-                                                        "euler_ancestral, dpmpp_2m")] = None,
-    cfg_scale: Annotated[Optional[float], typer.Option(min=1.0, help="classifier-free guidance scale")] = None,
-    label: Annotated[Optional[int], typer.Option(min=0, help="class label for every sample")] = None,
-    prompt: Annotated[Optional[str], typer.Option(help="text prompt for every sample (text-conditioned families)")]
-    = None,
-    negative_prompt: Annotated[Optional[str], typer.Option(help="what guidance steers away from (replaces the "
-                                                                "unconditional branch)")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="text file, one prompt per line; samples cycle through "
-                                                         "them")] = None,
     precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
     compile_: Annotated[bool, typer.Option("--compile/--no-compile", help=COMPILE_HELP)] = False,
+    given: dict[str, Any] | None = None,
 ) -> None:
-    """Write a PNG grid of samples (a GIF or MP4 of clips for video models) from the run's EMA weights, and the
-    prompts, one per cell, beside it. Under torchrun the processes split the samples (the grid is the same) and
-    rank 0 writes it. Besides these options, each family has its own (`genforge sample RUN_DIR --help` lists those
-    of the run's family)."""
-    _check_finite(cfg_scale=cfg_scale)
+    """Write a grid of samples from the run's EMA weights.
+
+    A PNG grid (a GIF or MP4 of clips for video models), and the prompts, one per cell, beside it. Under torchrun
+    the processes split the samples (the grid is the same) and rank 0 writes it. Each family has sampling options
+    of its own: `genforge sample RUN_DIR --help` lists those of the run's family."""
+    given = given or {}
+    _check_finite(**{k: v for k, v in given.items() if isinstance(v, float)})
     if out is not None:  # before sampling: a wrong --out should not cost the samples
         if out.suffix and out.suffix.lower() not in PREVIEW_WRITERS:
             _fail(f"--out {out}: no writer for {out.suffix!r} files; allowed: {', '.join(PREVIEW_WRITERS)}")
         _check_writable(out.parent, "--out")
     try:
         _join_process_group()
-        _sample(ctx, run_dir, n, out, seed, precision, compile_, prompts,
-                {"steps": steps, "sampler": sampler, "cfg_scale": cfg_scale, "label": label, "prompt": prompt,
-                 "negative_prompt": negative_prompt})
+        _sample(run_dir, n, out, seed, precision, compile_, given)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _sample(ctx: typer.Context, run_dir: Path, n: int | None, out: Path | None, seed: int, precision: str | None,
-            compile_: bool, prompts: Path | None, given: dict[str, Any]) -> None:
+def _sample(run_dir: Path, n: int | None, out: Path | None, seed: int, precision: str | None, compile_: bool,
+            given: dict[str, Any]) -> None:
     """`genforge sample` once its options are read, on every rank of a process group (rank 0 writes)."""
     run = _open_run(run_dir, compile_)
     precision = _precision(precision, run.config.train.precision, run.device)
     try:
-        opts = sampling_options(run.config, "sample", flag, prompts=prompts, **given, **_family_args(ctx))
+        options = sampling_options(run.config, "sample", flag, **given)
     except ValueError as err:
         _fail(str(err))
-    read_files = [Path(a) for a in ctx.args if Path(a).is_file()]  # --prompts and family options' files
-    for source in [p for p in [prompts, *read_files] if p is not None and out is not None]:
+    read_files = [Path(given[o.name]) for o in sample_options("sample") if o.read and o.name in given]
+    for source in [p for p in read_files if p.is_file() and out is not None]:
         if out.with_suffix(".txt").resolve() == source.resolve():  # the captions are written beside the output
             _fail(f"--out {out}: its captions file {out.with_suffix('.txt')} would overwrite {source}; choose "
                   "another --out")
     rank, world = rank_and_world()
     bar = Progress("sampling", "samples", enabled=rank == 0, processes=world)
     try:  # on a terminal, also the sampler's bar over its steps
-        images, cond = run.generate(n, seed, opts, precision, report=bar.report, progress=bar.on_terminal)
+        images, cond = run.generate(n, seed, options, precision, report=bar.report, progress=bar.on_terminal)
     except ValueError as err:
         _fail(str(err))
     n = len(images)
@@ -313,24 +309,22 @@ def _sample(ctx: typer.Context, run_dir: Path, n: int | None, out: Path | None, 
         _fail(str(err))
     except OSError as err:
         _fail(f"--out {out or default}: cannot write it ({err.strerror or err})")
-    settings = run.task.sampler_settings(**{k: v for k, v in opts.items() if not isinstance(v, torch.Tensor)})
+    shown = options.model_copy(update={k: None for k, v in options if isinstance(v, torch.Tensor)})  # not --image
+    settings = run.task.sampler_settings(run.task.resolve(shown))
     typer.echo(f"wrote {n} samples ({json.dumps(settings)}) to {path}")
     if "text" in cond:
         typer.echo(f"prompts, one per cell in reading order: {path.with_suffix('.txt')}")
 
 
-@app.command("eval", cls=FamilyOptionsCommand, context_settings=FAMILY_ARGS)
+@app.command("eval", cls=SamplingCommand)
+@with_sampling_flags("eval")
 def evaluate(
-    ctx: typer.Context,
-    run_dir: Annotated[Path, typer.Argument(help="a run directory with a checkpoint")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with a checkpoint")],
     metrics: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. judge,fid,kid,is,prdc")] = None,
     n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of generated samples (-n under "
                                                                        "torchrun, whose parser takes --n for its own)")]
     = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
-    steps: Annotated[Optional[int], typer.Option(min=1)] = None,
-    sampler: Annotated[Optional[str], typer.Option(help="diffusion sampler (see genforge sample --help)")] = None,
-    cfg_scale: Annotated[Optional[float], typer.Option(min=1.0)] = None,
     ref: Annotated[Optional[str], typer.Option(help="real images for fid/kid/prdc: an image folder or a statistics "
                                                     "file (.safetensors, .npz); default: eval.ref, else the "
                                                     "held-out split of the run's data")] = None,
@@ -341,11 +335,14 @@ def evaluate(
                                                             "metric fvd; default: eval.i3d_weights")] = None,
     precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
     compile_: Annotated[bool, typer.Option("--compile/--no-compile", help=COMPILE_HELP)] = False,
+    given: dict[str, Any] | None = None,
 ) -> None:
-    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json (rank 0 of a torchrun launch, whose processes
-    split the samples: the scores are those of one process). Sampling options of the run's family that apply to
-    evaluation are listed by `genforge eval RUN_DIR --help`."""
-    _check_finite(cfg_scale=cfg_scale)
+    """Score the run's EMA model; writes RUN_DIR/eval/<step>.json.
+
+    Under torchrun rank 0 writes it (the processes split the samples: the scores are those of one process).
+    Sampling options of the run's family that apply to evaluation are listed by `genforge eval RUN_DIR --help`."""
+    given = given or {}
+    _check_finite(**{k: v for k, v in given.items() if isinstance(v, float)})
     _join_process_group()
     try:
         run = _open_run(run_dir, compile_)
@@ -353,9 +350,8 @@ def evaluate(
         rank, world = rank_and_world()
         bar = Progress("evaluating", "samples", enabled=rank == 0, processes=world)
         try:
-            opts = sampling_options(run.config, "eval", flag, steps=steps, sampler=sampler, cfg_scale=cfg_scale,
-                                    **_family_args(ctx))
-            results = run.score(metrics, n, seed, opts, precision, ref, is_weights, i3d_weights, report=bar.report)
+            options = sampling_options(run.config, "eval", flag, **given)
+            results = run.score(metrics, n, seed, options, precision, ref, is_weights, i3d_weights, report=bar.report)
         except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: a feature network's weights, --ref
             _fail(str(err))
     finally:
@@ -409,7 +405,9 @@ def encode(
                                                           "encoder (default: the tokenizer run's train.precision)")]
     = None,
 ) -> None:
-    """Encode a data set once with a tokenizer: latents or token ids as webdataset shards + cache.json (and, with
+    """Encode a data set once with a tokenizer.
+
+    Latents or token ids as webdataset shards + cache.json (and, with
     --text-encoder, the captions' text embeddings; a clip run, image embeddings and, automatically, its own text
     tower's states of each distinct caption, what the DALL·E 2 prior trains on). Under torchrun the processes encode
     parts of the data set into one cache, the same as one process writes."""
@@ -456,7 +454,9 @@ def export(
     to: Annotated[str, typer.Option("--to", help="target format: diffusers")],
     ema: Annotated[bool, typer.Option("--ema/--no-ema", help="the EMA weights (default) or the live ones")] = True,
 ) -> None:
-    """Export a run's model: `--to diffusers` writes save_pretrained folders in safetensors (a DiTPipeline, or
+    """Export a run's model to another library's format.
+
+    `--to diffusers` writes save_pretrained folders in safetensors (a DiTPipeline, or
     DiTTransformer2DModel / UNet2DModel + scheduler, AutoencoderKL, VQModel) and OUT/genforge-export.json; a model
     that does not map exits 2 naming why (docs/interoperability.md)."""
     targets = export_targets()
@@ -486,7 +486,9 @@ def import_(
     num_heads: Annotated[Optional[int], typer.Option(min=1, help="attention heads, where the size is not one of the "
                                                                 "DiT zoo's (the weights do not tell it)")] = None,
 ) -> None:
-    """Import weights trained elsewhere as a run directory that `genforge sample`, `eval` and `load_run` open, and
+    """Import weights trained elsewhere as a run directory.
+
+    A run directory that `genforge sample`, `eval` and `load_run` open, and
     `train.init_from` fine-tunes (docs/interoperability.md). Checkpoints are read with torch.load(weights_only=True):
     a file holding pickled objects is refused."""
     _check_writable(out, "--out", keep=False)

@@ -86,12 +86,13 @@ class FamilyContract:
             return
         task.eval()
         gen = torch.Generator().manual_seed(0)
-        cond = task.sample_conditions(2, gen)
-        out = task.sample(cond, gen, n=2)
+        options = task.resolve()
+        cond = task.sample_conditions(2, gen, options)
+        out = task.sample(cond, gen, 2, options)
         assert out.shape[0] == 2 and out.shape[-1] == cfg.data.image_size
         assert torch.isfinite(out).all() and out.min() >= -1 and out.max() <= 1
-        again = task.sample(task.sample_conditions(2, torch.Generator().manual_seed(0)),
-                            torch.Generator().manual_seed(0), n=2)
+        again = task.sample(task.sample_conditions(2, torch.Generator().manual_seed(0), options),
+                            torch.Generator().manual_seed(0), 2, options)
         assert torch.equal(out, again)
 
     def test_checkpoint_state_is_json(self):

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -11,8 +12,10 @@ from typer.testing import CliRunner
 
 from genforge.app.runs import family_sample_options
 from genforge.cli import app
+from genforge.core.registry import FAMILIES
 
 runner = CliRunner()
+OLD_RUNS = Path(__file__).parent / "fixtures" / "runs-3f8e24e"
 
 
 def _options(command_name):
@@ -38,6 +41,23 @@ def test_stable_surface_is_frozen():
     assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size", "--precision"} <= _options("encode")
     assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}
     assert {"--to", "--ema"} <= _options("export")  # --ema/--no-ema
+
+
+def test_sampling_flags_are_generated_from_the_options_models():
+    """Every field of every registered family's sampling options model (SampleOptions' common fields included) is a
+    flag of `genforge sample`, and of `genforge eval` exactly when marked for evaluation; help reads at 80 columns,
+    and with a run it lists that family's options only."""
+    sample, evaluate = _options("sample"), _options("eval")
+    for _, spec in FAMILIES.items():
+        for name, field in spec.config.sample_options.model_fields.items():
+            flag = "--" + name.replace("_", "-")
+            assert flag in sample
+            assert (flag in evaluate) == bool((field.json_schema_extra or {}).get("eval")), flag
+    for args in (["--help"], ["sample", "--help"], ["eval", "--help"], ["sample", str(OLD_RUNS / "phenaki"), "--help"]):
+        shown = runner.invoke(app, args, env={"COLUMNS": "80"}).output
+        assert max(len(line) for line in shown.splitlines()) <= 80, shown
+    shown = runner.invoke(app, ["sample", str(OLD_RUNS / "phenaki"), "--help"]).output
+    assert "Options of 'phenaki' models" in shown and "--frames" in shown and "--start-stage" not in shown
 
 
 def test_bad_override_exits_2_in_a_real_process():

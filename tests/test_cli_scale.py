@@ -22,6 +22,7 @@ from genforge.cli import app
 from genforge.data.cache import CacheDataset, read_manifest, shard_records
 from genforge.eval import metrics as metrics_module
 from genforge.eval.run import generate
+from genforge.core.config import SampleOptions
 from eval.eval_standins import TinyFeatures
 
 HERE = Path(__file__).parent
@@ -66,8 +67,8 @@ def _records(cache: Path) -> list[dict[str, bytes]]:
 # ------------------------------------------------------------------------------------------------ precision
 def test_bf16_samples_are_close_to_float32_and_fp16_on_a_cpu_exits_2(dit_run, tmp_path, monkeypatch):
     task = load_run(dit_run).task
-    full, _ = generate(task, 8, 0, "cpu", steps=3)
-    half, _ = generate(task, 8, 0, "cpu", precision="bf16", steps=3)
+    full, _ = generate(task, 8, 0, "cpu", options=SampleOptions(steps=3))
+    half, _ = generate(task, 8, 0, "cpu", precision="bf16", options=SampleOptions(steps=3))
     assert half.shape == full.shape == (8, 3, 16, 16) and half.dtype == full.dtype == torch.float32
     assert not torch.equal(half, full)  # the network did run in bfloat16
     assert (half - full).abs().mean() < 0.01 and (half - full).abs().max() < 0.25

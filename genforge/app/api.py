@@ -15,12 +15,12 @@ import av
 import numpy as np
 import torch
 from PIL import Image
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 from torch import Tensor
 
 from genforge.app import runs
 from genforge.app.config import RunConfig, config_from_dict, load_config
-from genforge.core.config import ConfigError, StrictModel
+from genforge.core.config import ConfigError, SampleOptions
 from genforge.core.precision import check_precision
 from genforge.core.task import Batch, Task
 from genforge.data.images import center_crop_resize, load_rgb, to_pil, to_tensor
@@ -30,17 +30,6 @@ from genforge.eval.run import Report, evaluate_task, generate, write_eval_result
 
 ImageInput = Union[Image.Image, str, Path, Tensor]  # a PIL image, an image file, or a tensor [k, C, H, W] in [-1, 1]
 Spell = Callable[[str], str]  # how an option's keyword name appears in messages (the CLI: as its flag)
-
-
-class CommonSampleOptions(StrictModel):
-    """The sampling options every family's task reads (the CLI's typer options check the same bounds)."""
-
-    steps: int | None = Field(None, ge=1)
-    sampler: str | None = None
-    cfg_scale: float | None = Field(None, ge=1.0)
-    label: int | None = Field(None, ge=0)
-    prompt: str | None = None
-    negative_prompt: str | None = None
 
 
 def default_device() -> str:
@@ -108,7 +97,7 @@ def read_run(value: str | Path | runs.LoadedRun | Task, name: str = "run") -> Ta
         raise ValueError(f"{name} {value}: {err}") from None
 
 
-def _validated(model: type[StrictModel], given: dict[str, Any], spell: Spell) -> StrictModel:
+def _validated(model: type[SampleOptions], given: dict[str, Any], spell: Spell) -> SampleOptions:
     """`given` validated by `model`; ValueError naming the first bad option, its value and why."""
     try:
         return model.model_validate(given)
@@ -118,57 +107,54 @@ def _validated(model: type[StrictModel], given: dict[str, Any], spell: Spell) ->
         raise ValueError(f"{spell(name)} {given.get(name)!r}: {error['msg']}") from None
 
 
-def family_options(config: RunConfig, given: dict[str, Any], command: str = "sample", spell: Spell = str
-                   ) -> dict[str, Any]:
-    """The options of the run's family (`FamilyConfig.sample_options`) in `given`, validated by its options model,
-    with the files `read: image` / `read: lines` options name read (a tensor, a list of prompts; a PIL image, a
-    tensor or a list given instead is taken as it is) and the runs `read: run` options name opened (`read_run`). ValueError naming the option when it is unknown, belongs to
-    other families, or its value is bad."""
+def _check_names(config: RunConfig, given: dict[str, Any], command: str, spell: Spell
+                 ) -> dict[str, runs.SamplingOption]:
+    """The options named in `given`; ValueError naming one that is unknown to `command`, belongs to other families,
+    or asks for prompts of a model that is not text-conditioned."""
     family = config.model.family
-    known = {option.name: option for option in runs.family_sample_options(command)}
+    known = {option.name: option for option in runs.sample_options(command)}
     for name in given:
         option = known.get(name)
         if option is None:
-            ours = [spell(o.name) for o in known.values() if family in o.families]
+            ours = [spell(o.name) for o in known.values() if family in o.families and not o.common]
             raise ValueError(f"{spell(name)}: no such {command} option; those of {family!r} models: "
                              f"{', '.join(ours) or 'none'}")
         if family not in option.families:
             raise ValueError(f"{spell(name)} does not apply to a {family!r} model (it is an option of "
                              f"{', '.join(option.families)} models)")
-    loaded = {k: v for k, v in given.items() if known[k].read and not isinstance(v, (str, Path))}
-    options = _validated(config.model.sample_options, {k: v for k, v in given.items() if k not in loaded}, spell)
-    values: dict[str, Any] = {}
-    for key in given:
-        value = loaded[key] if key in loaded else getattr(options, key)
-        if known[key].read == "image":
-            value = read_image(value, config.data.image_size, spell(key))
-        elif known[key].read == "video":
-            value = read_video(value, config.data.image_size, spell(key))
-        elif known[key].read == "lines":
-            value = read_lines(value, spell(key))
-        elif known[key].read == "run":
-            value = read_run(value, spell(key))
-        values[key] = value
-    return values
-
-
-def sampling_options(config: RunConfig, command: str = "sample", spell: Spell = str, *,
-                     prompts: str | Path | Sequence[str] | None = None, **given: Any) -> dict[str, Any]:
-    """The keyword arguments a run's task samples with (those not None of `given`): the common ones (steps, sampler,
-    cfg_scale, label, prompt, negative_prompt; `prompts`, a file or a list, read to a list) validated, the family's
-    by `family_options`. ValueError naming the option (spelled by `spell`)."""
-    given = {k: v for k, v in given.items() if v is not None}
-    common = {k: v for k, v in given.items() if k in CommonSampleOptions.model_fields}
-    _validated(CommonSampleOptions, common, spell)
-    if "prompt" in given and prompts is not None:
+    if "prompt" in given and "prompts" in given:
         raise ValueError(f"{spell('prompt')} and {spell('prompts')}: give one of them")
-    if prompts is not None:
-        common["prompts"] = read_lines(prompts, spell("prompts"))
-    if {"prompt", "prompts", "negative_prompt"} & set(common) and not config.model.takes_prompts():
+    if {"prompt", "prompts", "negative_prompt"} & set(given) and not config.model.takes_prompts():
         raise ValueError(f"{spell('prompt')}/{spell('prompts')}/{spell('negative_prompt')}: this "
-                         f"{config.model.family!r} model is not text-conditioned")
-    family = {k: v for k, v in given.items() if k not in CommonSampleOptions.model_fields}
-    return {**common, **family_options(config, family, command, spell)}
+                         f"{family!r} model is not text-conditioned")
+    return {name: known[name] for name in given}
+
+
+def _read(kind: str, value: Any, config: RunConfig, name: str) -> Any:
+    """What a `read` option's value names: an image or clip tensor, a list of lines, a run's task."""
+    if kind == "image":
+        return read_image(value, config.data.image_size, name)
+    if kind == "video":
+        return read_video(value, config.data.image_size, name)
+    if kind == "lines":
+        return read_lines(value, name)
+    return read_run(value, name)
+
+
+def sampling_options(config: RunConfig, command: str = "sample", spell: Spell = str, **given: Any) -> SampleOptions:
+    """The run's family's options object (`config.model.sample_options`, the common options included) of the
+    keyword arguments `given` (None: not given), validated, with the files `read: image` / `video` / `lines`
+    options name read (a tensor, a list of prompts; a PIL image, a tensor or a list given instead is taken as it
+    is) and the runs `read: run` options name opened (`read_run`). The task fills in the config's defaults
+    (`Task.resolve`). ValueError naming the option (spelled by `spell`) when it is unknown, belongs to other
+    families, or its value is bad."""
+    given = {k: v for k, v in given.items() if v is not None}
+    options = _check_names(config, given, command, spell)
+    loaded = {k: v for k, v in given.items() if options[k].read and not isinstance(v, (str, Path))}
+    checked = _validated(config.model.sample_options, {k: v for k, v in given.items() if k not in loaded}, spell)
+    read = {k: _read(options[k].read, loaded.get(k, getattr(checked, k)), config, spell(k))
+            for k in given if options[k].read}
+    return checked.model_copy(update=read)
 
 
 def resolve_precision(given: str | None, trained: str, device: str | torch.device, spell: Spell = str) -> str:
@@ -203,15 +189,16 @@ class Run(runs.LoadedRun):
         """The model family, e.g. "diffusion", "maskgit"."""
         return self.config.model.family
 
-    def generate(self, n: int | None, seed: int, options: dict[str, Any], precision: str = "no",
-                 report: Report | None = None, **extra: Any) -> tuple[Tensor, Batch]:
-        """`n` samples (default 16, or one per prompt of options["prompts"]) drawn with `options` (as
-        `sampling_options` makes them) under the resolved `precision`, and their conditions: float32 on the CPU in
-        [-1, 1]. In a process group every rank calls it and gets all `n` (eval.run.generate)."""
-        n = n or (len(options["prompts"]) if "prompts" in options else 16)
-        return generate(self.task, n, seed, self.device, precision=precision, report=report, **extra, **options)
+    def generate(self, n: int | None, seed: int, options: SampleOptions, precision: str = "no",
+                 report: Report | None = None, progress: bool = False) -> tuple[Tensor, Batch]:
+        """`n` samples (default 16, or one per prompt of options.prompts) drawn with `options` (as `sampling_options`
+        makes them) under the resolved `precision`, and their conditions: float32 on the CPU in [-1, 1]. In a
+        process group every rank calls it and gets all `n` (eval.run.generate)."""
+        n = n or (len(options.prompts) if options.prompts else 16)
+        return generate(self.task, n, seed, self.device, precision=precision, report=report, options=options,
+                        progress=progress)
 
-    def score(self, metrics: str | Sequence[str] | None, n: int | None, seed: int, options: dict[str, Any],
+    def score(self, metrics: str | Sequence[str] | None, n: int | None, seed: int, options: SampleOptions,
               precision: str = "no", ref: str | None = None, is_weights: str | None = None,
               i3d_weights: str | None = None, report: Report | None = None) -> dict[str, Any]:
         """The `metrics` (names, or comma-separated; default eval.metrics) on `n` (default eval.n) samples drawn with
@@ -221,41 +208,36 @@ class Run(runs.LoadedRun):
         settings = {"ref": ref, "is_weights": is_weights, "i3d_weights": i3d_weights}
         eval_cfg = self.config.eval.model_copy(update={k: v for k, v in settings.items() if v is not None})
         results = evaluate_task(self.task, self.config.data, eval_cfg, names, n or self.config.eval.n, seed,
-                                self.device, precision=precision, report=report, **options)
+                                self.device, precision=precision, report=report, options=options)
         if results:
             results["autocast"] = precision  # not "precision": prdc's result
         return results
 
-    def sample(self, n: int | None = None, seed: int = 0, *, steps: int | None = None, sampler: str | None = None,
-               cfg_scale: float | None = None, label: int | None = None, prompt: str | None = None,
-               prompts: str | Path | Sequence[str] | None = None, negative_prompt: str | None = None,
-               image: ImageInput | None = None, frames: int | None = None, precision: str | None = None,
-               output: Literal["tensor", "pil"] = "tensor", **family_options: Any
+    def sample(self, n: int | None = None, seed: int = 0, *, precision: str | None = None,
+               output: Literal["tensor", "pil"] = "tensor", **options: Any
                ) -> Tensor | list[Image.Image] | list[list[Image.Image]]:
         """`n` samples (default 16, or one per prompt of `prompts`), reproducible from `seed` and the same as
         `genforge sample` draws with these options. `output="tensor"`: float32 on the CPU in [-1, 1], [n, C, H, W]
-        (clips [n, C, T, H, W]); "pil": a list of n images (clips: lists of frames). `image` (dalle2_decoder),
-        `frames` (phenaki) and `family_options` are the family's options (`genforge sample RUN --help`);
-        ValueError naming an option that is bad or not the family's."""
+        (clips [n, C, T, H, W]); "pil": a list of n images (clips: lists of frames). `options`: the fields of the
+        family's sampling options (`genforge sample RUN --help`): steps, sampler, cfg_scale, label, prompt, prompts
+        (a file or a list), negative_prompt, and the family's own (e.g. image, frames); ValueError naming an option
+        that is bad or not the family's."""
         if output not in ("tensor", "pil"):
             raise ValueError(f"output {output!r}: allowed 'tensor', 'pil'")
-        options = sampling_options(self.config, steps=steps, sampler=sampler, cfg_scale=cfg_scale, label=label,
-                                   prompt=prompt, prompts=prompts, negative_prompt=negative_prompt, image=image,
-                                   frames=frames, **family_options)
+        checked = sampling_options(self.config, **options)
         precision = resolve_precision(precision, self.config.train.precision, self.device)
-        samples, _ = self.generate(n, seed, options, precision)
+        samples, _ = self.generate(n, seed, checked, precision)
         return samples if output == "tensor" else to_pil_images(samples)
 
     def evaluate(self, metrics: str | Sequence[str] | None = None, n: int | None = None, seed: int = 0, *,
-                 steps: int | None = None, sampler: str | None = None, cfg_scale: float | None = None,
                  precision: str | None = None, ref: str | None = None, is_weights: str | None = None,
-                 i3d_weights: str | None = None, write: bool = False, **family_options: Any) -> dict[str, Any]:
+                 i3d_weights: str | None = None, write: bool = False, **options: Any) -> dict[str, Any]:
         """Scores of the run, as `genforge eval` computes them (see `score`); `write`: also written to
-        run_dir/eval/<step>.json as `genforge eval` does. Family options: those `genforge eval RUN --help` lists."""
-        options = sampling_options(self.config, "eval", steps=steps, sampler=sampler, cfg_scale=cfg_scale,
-                                   **family_options)
+        run_dir/eval/<step>.json as `genforge eval` does. `options`: the sampling options evaluation takes (steps,
+        sampler, cfg_scale and those `genforge eval RUN --help` lists)."""
+        checked = sampling_options(self.config, "eval", **options)
         precision = resolve_precision(precision, self.config.train.precision, self.device)
-        results = self.score(metrics, n, seed, options, precision, ref, is_weights, i3d_weights)
+        results = self.score(metrics, n, seed, checked, precision, ref, is_weights, i3d_weights)
         if write and results:
             write_eval_results(self.path, self.step, results)
         return results

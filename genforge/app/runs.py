@@ -19,7 +19,7 @@ from torch import nn
 from genforge.core.status import console
 from genforge.app.config import RunConfig, load_config, to_yaml
 from genforge.core.codec import CODE_KINDS, CodecInfo, InputRun, check_references, codec_kind
-from genforge.core.config import ConfigChange, ConfigError, config_changes
+from genforge.core.config import ConfigChange, ConfigError, SampleOptions, config_changes
 from genforge.core.family import BuildContext, canonical_family, diffusers_codec_loader
 from genforge.core.files import folder_sha256
 from genforge.core.registry import FAMILIES
@@ -101,9 +101,9 @@ def flag(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class FamilyOption:
-    """A sampling option some families declare (FamilyConfig.sample_options): its field name, the pydantic field,
-    and the families that have it."""
+class SamplingOption:
+    """A sampling option: its field name, the pydantic field, and the families that have it (every family: a common
+    option, a field of SampleOptions)."""
 
     name: str
     field: FieldInfo
@@ -113,6 +113,11 @@ class FamilyOption:
     def flag(self) -> str:
         """Its command-line flag: start_stage -> --start-stage."""
         return flag(self.name)
+
+    @property
+    def common(self) -> bool:
+        """Whether every family takes it (a field of SampleOptions)."""
+        return self.name in SampleOptions.model_fields
 
     @property
     def read(self) -> str | None:
@@ -125,15 +130,23 @@ class FamilyOption:
         return bool((self.field.json_schema_extra or {}).get("eval"))
 
 
-def family_sample_options(command: str | None = None) -> list[FamilyOption]:
-    """Every sampling option the registered families declare, once each, in registration order; `command` "eval":
-    those evaluation takes too (`FamilyOption.for_eval`)."""
-    found: dict[str, FamilyOption] = {}
+def sample_options(command: str | None = None) -> list[SamplingOption]:
+    """Every sampling option, once each: the common ones (SampleOptions), then those the registered families add
+    (FamilyConfig.sample_options) in registration order; `command` "eval": those evaluation takes too
+    (`SamplingOption.for_eval`)."""
+    every = tuple(name for name, _ in FAMILIES.items())
+    found = {name: SamplingOption(name, field, every) for name, field in SampleOptions.model_fields.items()}
     for family, spec in FAMILIES.items():
         for name, field in spec.config.sample_options.model_fields.items():
             known = found.get(name)
-            found[name] = FamilyOption(name, field, (known.families if known else ()) + (family,))
+            if known is None or not known.common:
+                found[name] = SamplingOption(name, field, (known.families if known else ()) + (family,))
     return [option for option in found.values() if command != "eval" or option.for_eval]
+
+
+def family_sample_options(command: str | None = None) -> list[SamplingOption]:
+    """The sampling options the families add to the common ones (`sample_options` less SampleOptions' fields)."""
+    return [option for option in sample_options(command) if not option.common]
 
 
 def count_parameters(task: Task) -> dict[str, int]:

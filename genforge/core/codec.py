@@ -116,7 +116,7 @@ class TextToImageEmbedding(Protocol):
 
     embed_dim: int
 
-    def image_embeds_for(self, texts: list[str], generator: Any, **opts: Any) -> Tensor: ...
+    def image_embeds_for(self, texts: list[str], generator: Any) -> Tensor: ...
 
     def text_embeds(self, texts: list[str]) -> Tensor: ...  # its CLIP's unit-norm text embeddings [B, D]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
@@ -391,15 +392,44 @@ class LogConfig(StrictModel):
 
 
 class SampleOptions(StrictModel):
-    """The `genforge sample` options a family adds to the common ones (--steps, --sampler, --cfg-scale, --label,
-    --prompt, ...), declared as typed fields (`FamilyConfig.sample_options`). The CLI makes one flag of each field
-    (start_stage -> --start-stage; a bool -> --name/--no-name), shows those of a run's family in `genforge sample RUN
-    --help`, validates what was given with this model and hands the values set to the task's `sample_conditions`,
-    `sample` and `sampler_settings` as keyword arguments. A field's `json_schema_extra` may say `read: image` (the value
-    names an image file, read and resized like the training images: a tensor [1, C, S, S] in [-1, 1] reaches the task)
-    or `read: lines` (a text file: its non-empty lines reach the task as a list) or `read: run` (a run directory:
-    the run's task, opened with its EMA weights, reaches the task), and `eval: true` (`genforge eval` takes it
-    too)."""
+    """The sampling options every family takes, declared once: `genforge sample` / `genforge eval` make a flag of each
+    field (cfg_scale -> --cfg-scale; a bool -> --name/--no-name) and `Run.sample` / `Run.evaluate` a keyword; a
+    family's subclass adds its own (`FamilyConfig.sample_options`). Unset (None) options take the run's config
+    defaults in the task's `resolve`, which hands the task one object. A field's `json_schema_extra` may say `read:
+    image` (the value names an image file, read and resized like the training images: a tensor [1, C, S, S] in
+    [-1, 1] replaces it), `read: video` (a clip [1, C, T, S, S]), `read: lines` (a text file: its non-empty lines)
+    or `read: run` (a run directory: the run's task, with its EMA weights), and `eval: true` (`genforge eval` takes
+    it too)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)  # what `read` fields hold once read: tensors, tasks
+
+    steps: int | None = Field(None, ge=1, description="sampling steps (respaced)", json_schema_extra={"eval": True})
+    sampler: str | None = Field(None, description="diffusion sampler: ddpm, ddim (objective ddpm), euler, heun, "
+                                                  "euler_ancestral, dpmpp_2m", json_schema_extra={"eval": True})
+    cfg_scale: float | None = Field(None, ge=1.0, description="classifier-free guidance scale",
+                                    json_schema_extra={"eval": True})
+    label: int | None = Field(None, ge=0, description="class label for every sample")
+    prompt: str | None = Field(None, description="text prompt for every sample (text-conditioned families)")
+    negative_prompt: str | None = Field(None, description="what guidance steers away from (replaces the "
+                                                          "unconditional branch)")
+    prompts: Path | list[str] | None = Field(None, description="text file, one prompt per line; samples cycle "
+                                                               "through them", json_schema_extra={"read": "lines"})
+
+    @classmethod
+    def of(cls, options: "SampleOptions | None") -> Any:
+        """`options` as this class (None: none set): itself when it is one, else the options it sets, validated."""
+        if isinstance(options, cls):
+            return options
+        return cls.model_validate(options.model_dump(exclude_unset=True) if options is not None else {})
+
+    def filled(self, **defaults: Any) -> "SampleOptions":
+        """A copy with each option of `defaults` that is unset (None) set to its default (the config's)."""
+        return self.model_copy(update={k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+    def given_prompts(self, n: int) -> list[str] | None:
+        """The captions of `n` samples from `prompts` / `prompt` (cycled over the n), None when neither is set."""
+        prompts = self.prompts or ([self.prompt] if self.prompt else None)
+        return [prompts[i % len(prompts)] for i in range(n)] if prompts else None
 
 
 class FamilyConfig(StrictModel):

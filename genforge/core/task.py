@@ -16,6 +16,8 @@ import torch._dynamo
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from genforge.core.config import SampleOptions, TrainConfig
+
 
 # compiled variants allowed per trained block: training and no-grad (sampling, evaluation), a few batch sizes each
 COMPILED_VARIANTS_PER_BLOCK = 8
@@ -78,14 +80,26 @@ class Task(nn.Module):
         """Scalar loss for `phase` at optimizer step `step`, plus detached scalars to log."""
         raise NotImplementedError
 
+    def resolve(self, options: SampleOptions | None = None) -> SampleOptions:
+        """`options` (None: none given) as this task samples with them: its family's options class, each unset option
+        the config has a default for filled in (e.g. steps from model.diffusion.sample_steps), checked against the
+        model. Callers resolve once and hand the result to `sample_conditions`, `sample` and `sampler_settings`;
+        resolving resolved options changes nothing."""
+        return SampleOptions.of(options)
+
+    def preview_options(self, train: TrainConfig) -> SampleOptions:
+        """The resolved options of the training previews (a video generator: clips of train.sample_frames)."""
+        return self.resolve()
+
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
+               progress: bool = False) -> Tensor:
         """Generate `n` outputs for the conditions in `cond` (each field holds n rows; images in [-1, 1],
-        [n, C, H, W])."""
+        [n, C, H, W]) with the resolved `options`; `progress`: a bar over the sampler's steps on the terminal."""
         raise NotImplementedError
 
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
-        """Conditions for `n` samples, e.g. a balanced set of labels or the `label` in opts."""
+    def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
+        """Conditions for `n` samples, e.g. a balanced set of labels or the `label` of the resolved `options`."""
         return Batch()
 
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int | None]:
@@ -93,9 +107,10 @@ class Task(nn.Module):
         Tokenizers show each row of originals above its reconstructions."""
         return images, None
 
-    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
-        """The sampler settings `sample(**opts)` resolves to (recorded with evaluation results)."""
-        return dict(opts)
+    def sampler_settings(self, options: SampleOptions) -> dict[str, Any]:
+        """The settings `sample` runs with for the resolved `options` (recorded with evaluation results and printed
+        by `genforge sample`)."""
+        return options.model_dump(exclude_none=True)
 
     def trained_blocks(self) -> list[nn.Module]:
         """The outermost trained submodules of a class in `block_types` (a transformer's layers, a U-Net's residual
@@ -201,12 +216,6 @@ def class_conditions(n: int, num_classes: int, label: int | None, device: torch.
     else:
         labels = torch.arange(n) % num_classes
     return Batch(label=labels.to(device))
-
-
-def given_prompts(opts: dict[str, Any], n: int) -> list[str] | None:
-    """The captions of `n` samples from --prompts / --prompt (cycled over the n), None when neither is given."""
-    prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None)
-    return [prompts[i % len(prompts)] for i in range(n)] if prompts else None
 
 
 def heldout_captions(heldout: HeldOut | None, n: int, device: torch.device | str,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from genforge.core.config import SampleOptions
 from genforge.core.random import BatchRandom
 from genforge.diffusion.config import DiffusionConfig, sampler_mismatch
 from genforge.diffusion.gaussian import LossType, MeanType, Model
@@ -73,6 +74,11 @@ def sampling_process(cfg: DiffusionConfig, *, model: Model, model_kwargs: dict[s
     denoise = objective.denoiser(model, model_kwargs, channels, clip, cfg.dynamic_threshold)
     return SamplingProcess(model, model_kwargs, clip, dynamic_threshold=cfg.dynamic_threshold, denoise=denoise,
                            sigmas=objective.sigmas(steps, cfg.rho))
+
+
+def with_diffusion_defaults(options: SampleOptions | None, cfg: DiffusionConfig) -> SampleOptions:
+    """`options` (None: none given) with the unset sampler, steps and guidance scale of the diffusion section."""
+    return SampleOptions.of(options).filled(sampler=cfg.sampler, steps=cfg.sample_steps, cfg_scale=cfg.cfg_scale)
 
 
 @torch.no_grad()

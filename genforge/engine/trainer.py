@@ -116,7 +116,7 @@ class Trainer:
         tc.check_phases(task.phase_names())
         if tc.sample_frames is not None:  # the clip length against the tokenizer's layout, before any step
             try:
-                task.sampler_settings(**self.preview_options())
+                task.sampler_settings(task.preview_options(tc))
             except ValueError as err:
                 raise ConfigError(f"train.sample_frames={tc.sample_frames}: {err}") from None
         # fsdp: sharded over the processes (one process: whole, with sharded-format checkpoints all the same)
@@ -427,10 +427,6 @@ class Trainer:
         with full_weights(self.task), self.accelerator.autocast():
             yield
 
-    def preview_options(self) -> dict[str, Any]:
-        """Sampling options of the preview grids: a video generator's clip length (train.sample_frames)."""
-        frames = self.run.train.sample_frames
-        return {} if frames is None else {"frames": frames}
 
     @torch.no_grad()
     def sample_grid(self) -> Path | None:
@@ -442,18 +438,18 @@ class Trainer:
         if not (main or self.sharded) or not task.makes_samples:
             return None
         seed, n, device = self.run.train.seed, self.run.train.num_samples, self.accelerator.device
-        opts = self.preview_options()
+        options = task.preview_options(self.run.train)
         task.eval()
         online = None
         if task.preview_online:
             gen = torch.Generator(device=device).manual_seed(seed)
             with self._full_weights():
-                online = task.sample(task.sample_conditions(n, gen), gen, n, **opts)
+                online = task.sample(task.sample_conditions(n, gen, options), gen, n, options)
         gen = torch.Generator(device=device).manual_seed(seed)
         path = None
         with self.state.ema.swapped_in(), self._full_weights():
-            cond = task.sample_conditions(n, gen)
-            images = task.sample(cond, gen, n, **opts)
+            cond = task.sample_conditions(n, gen, options)
+            images = task.sample(cond, gen, n, options)
             if online is not None:
                 cond["online"] = online
             if main:  # a task's preview may run its networks (a dvae's soft reconstructions)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from genforge.core.config import DataConfig, EvalConfig
+from genforge.core.config import DataConfig, EvalConfig, SampleOptions
 from genforge.core.precision import autocast
 from genforge.core.random import mix_seed
 from genforge.core.task import Batch, Task
@@ -36,17 +36,19 @@ Report = Callable[[int, int], None]  # (samples finished by this process, its sh
 
 @torch.no_grad()
 def sample_chunks(task: Task, cond_all: Batch, n: int, seed: int, device: torch.device | str, batch_size: int = 64,
-                  rank: int = 0, world: int = 1, precision: str = "no", **opts: Any) -> Iterator[tuple[int, Tensor]]:
-    """This rank's chunks of the `n` samples: (index of the first sample, float32 images on the CPU in [-1, 1]).
-    Chunk c (samples c·batch_size onwards) is drawn with a generator seeded by (seed, c) on rank c % world,
-    so the samples are the same for any number of processes."""
+                  rank: int = 0, world: int = 1, precision: str = "no", options: SampleOptions | None = None,
+                  progress: bool = False) -> Iterator[tuple[int, Tensor]]:
+    """This rank's chunks of the `n` samples with the resolved `options` (None: the task's defaults): (index of the
+    first sample, float32 images on the CPU in [-1, 1]). Chunk c (samples c·batch_size onwards) is drawn with a
+    generator seeded by (seed, c) on rank c % world, so the samples are the same for any number of processes."""
+    options = options or task.resolve()
     for chunk, start in enumerate(range(0, n, batch_size)):
         if chunk % world != rank:
             continue
         gen = torch.Generator(device=device).manual_seed(mix_seed(seed, chunk))
         cond = {k: v[start : start + batch_size] for k, v in cond_all.items()}
         with autocast(precision, device):
-            images = task.sample(cond, gen, min(batch_size, n - start), **opts)
+            images = task.sample(cond, gen, min(batch_size, n - start), options, progress)
         yield start, images.float().cpu()
 
 
@@ -57,14 +59,17 @@ def chunk_share(n: int, batch_size: int, rank: int, world: int) -> int:
 
 
 def generate(task: Task, n: int, seed: int, device: torch.device | str, batch_size: int = 64, precision: str = "no",
-             report: Report | None = None, **opts: Any) -> tuple[Tensor, dict[str, Any]]:
-    """`n` samples (CPU, float32, [-1, 1]) in batches, reproducible from `seed`, and the conditions used. In a
-    process group every rank must call it: each draws its chunks (`sample_chunks`), and every rank gets all `n`
-    samples in order, the same as one process draws."""
+             report: Report | None = None, options: SampleOptions | None = None, progress: bool = False
+             ) -> tuple[Tensor, dict[str, Any]]:
+    """`n` samples (CPU, float32, [-1, 1]) in batches with `options` (resolved here by the task), reproducible from
+    `seed`, and the conditions used. In a process group every rank must call it: each draws its chunks
+    (`sample_chunks`), and every rank gets all `n` samples in order, the same as one process draws."""
     rank, world = rank_and_world()
-    cond_all = task.sample_conditions(n, torch.Generator(device=device).manual_seed(seed), **opts)
+    options = task.resolve(options)
+    cond_all = task.sample_conditions(n, torch.Generator(device=device).manual_seed(seed), options)
     share, index, chunks = chunk_share(n, batch_size, rank, world), [], []
-    for start, images in sample_chunks(task, cond_all, n, seed, device, batch_size, rank, world, precision, **opts):
+    for start, images in sample_chunks(task, cond_all, n, seed, device, batch_size, rank, world, precision, options,
+                                       progress):
         index.append(torch.arange(start, start + len(images)))
         chunks.append(images)
         if report is not None:
@@ -75,32 +80,36 @@ def generate(task: Task, n: int, seed: int, device: torch.device | str, batch_si
 
 def evaluate_task(task: Task, data: DataConfig, eval_cfg: EvalConfig, metrics: list[str], n: int, seed: int,
                   device: torch.device | str, batch_size: int = 64, precision: str = "no",
-                  report: Report | None = None, **opts: Any) -> dict[str, Any]:
-    """Run each metric on `n` fresh samples (results include the sampler settings used), or for a tokenizer
+                  report: Report | None = None, options: SampleOptions | None = None) -> dict[str, Any]:
+    """Run each metric on `n` fresh samples drawn with `options` (results include the sampler settings they resolve
+    to), or for a tokenizer
     (`task.codec()` is not None) on `n` reconstructions of held-out images of `data`. Every rank of a process
     group must call it; rank 0 gets the results, the others an empty dict."""
     chosen = check_metrics(metrics, task_roles(task))
     ctx = EvalContext(data, eval_cfg, n, device, batch_size)
     codec = task.codec()
     if codec is not None:
-        if opts:
-            raise ValueError(f"sampler options {sorted(opts)} do not apply to a {task_roles(task)[0]}")
+        given = sorted(options.model_fields_set) if options is not None else []
+        if given:
+            raise ValueError(f"sampler options {given} do not apply to a {task_roles(task)[0]}")
         if rank_and_world()[0] != 0:
             return {}
         if task_roles(task) == ("embedder",):
             return evaluate_embedder(codec, chosen, ctx, precision=precision)
         return evaluate_tokenizer(codec, chosen, ctx, precision=precision, report=report)
-    return evaluate_generator(task, chosen, ctx, seed, precision, report, **opts)
+    return evaluate_generator(task, chosen, ctx, seed, precision, report, options)
 
 
 def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext, seed: int, precision: str = "no",
-                       report: Report | None = None, **opts: Any) -> dict[str, Any]:
-    """Sample metrics on `ctx.n` samples, generated and featurised in shares over the ranks."""
+                       report: Report | None = None, options: SampleOptions | None = None) -> dict[str, Any]:
+    """Sample metrics on `ctx.n` samples drawn with `options` (resolved here by the task), generated and featurised
+    in shares over the ranks."""
     rank, world = rank_and_world()
     short = [m for m in metrics if ctx.n < m.min_samples]
     if short:
         raise ValueError(f"metric {short[0].name!r} needs at least {short[0].min_samples} samples, got n={ctx.n}")
-    ctx.cond = task.sample_conditions(ctx.n, torch.Generator(device=ctx.device).manual_seed(seed), **opts)
+    options = task.resolve(options)
+    ctx.cond = task.sample_conditions(ctx.n, torch.Generator(device=ctx.device).manual_seed(seed), options)
     extractors = list({id(m.extractor): m.extractor for m in metrics}.values())
     for extractor in extractors:
         extractor.setup(ctx)
@@ -110,7 +119,7 @@ def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext
     rows: dict[int, list[Tensor]] = {id(e): [] for e in extractors}
     share = chunk_share(ctx.n, ctx.batch_size, rank, world)
     for start, images in sample_chunks(task, ctx.cond, ctx.n, seed, ctx.device, ctx.batch_size, rank, world,
-                                       precision, **opts):
+                                       precision, options):
         index.append(torch.arange(start, start + len(images)))
         cond = {k: v[start : start + len(images)] for k, v in ctx.cond.items()}
         for extractor in extractors:
@@ -121,7 +130,7 @@ def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext
     gathered = {id(e): gather_rows(torch.cat(rows[id(e)]) if rows[id(e)] else e.empty(), order) for e in extractors}
     if rank != 0:
         return {}
-    results: dict[str, Any] = {"n": ctx.n, "sampler": task.sampler_settings(**opts)}
+    results: dict[str, Any] = {"n": ctx.n, "sampler": task.sampler_settings(options)}
     for extractor in extractors:
         results.update(extractor.report(ctx))
     for metric in metrics:

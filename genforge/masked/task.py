@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from genforge.core.config import SampleOptions
 from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
 from genforge.core.task import Batch, Task, class_conditions, class_count, global_rows
-from genforge.masked.config import MaskedTokenConfig
+from genforge.masked.config import MaskedSampleOptions, MaskedTokenConfig
 from genforge.masked.masking import decode, guided_logits, hidden_count, training_mask
 from genforge.masked.transformer import MaskTransformer, MaskTransformerBlock
 from genforge.nn.frozen import held_on
@@ -82,8 +83,9 @@ class MaskedTokenTask(Task):
         the token critic's trunk. Called after `build_model` has read the layout."""
         raise NotImplementedError
 
-    def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
-        """The shape of the ids `sample` decodes for n samples: [n, h, w] (images) or [n, t, h, w] (clips)."""
+    def code_shape(self, n: int, options: MaskedSampleOptions) -> tuple[int, ...]:
+        """The shape of the ids `sample` decodes for n samples with the resolved `options`: [n, h, w] (images) or
+        [n, t, h, w] (clips)."""
         raise NotImplementedError
 
     def real_positions(self, frame_mask: Tensor, n: int) -> Tensor:
@@ -222,59 +224,64 @@ class MaskedTokenTask(Task):
         return loss, logs
 
     # ------------------------------------------------------------------------------------------ sampling
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+    def resolve(self, options: SampleOptions | None = None) -> MaskedSampleOptions:
+        """Unset steps, guidance scale, temperatures and whether to decode with the critic from the model section;
+        ValueError for --critic without a token critic."""
+        c = self.cfg
+        options = MaskedSampleOptions.of(options)
+        if options.critic and c.critic is None:
+            raise ValueError("--critic: this run has no token critic (model.critic)")
+        return options.filled(steps=c.sample_steps, cfg_scale=c.cfg_scale, temperature=c.temperature,
+                              choice_temperature=c.choice_temperature,
+                              critic=None if c.critic is None else c.critic.sample)
+
+    def sample_conditions(self, n: int, generator: torch.Generator, options: MaskedSampleOptions) -> Batch:
         """Prompts (--prompt, --prompts, model.sample_prompts, else the held-out captions with their labels and
         directions, as the data hands them), or labels (--label, else every class in turn)."""
         device = generator.device
         if self.cfg.conditioning == "class":
-            return class_conditions(n, self.num_classes, opts.get("label"), device)
+            return class_conditions(n, self.num_classes, options.label, device)
         if self.cfg.conditioning == "none":
-            if opts.get("prompt") or opts.get("prompts") or opts.get("label") is not None:
+            if options.prompt or options.prompts or options.label is not None:
                 raise ValueError("this model is unconditional (model.conditioning=none): no --prompt or --label")
             return Batch()
-        if opts.get("label") is not None:
+        if options.label is not None:
             raise ValueError("--label: this model is text-conditioned; use --prompt")
-        prompts = opts.get("prompts") or ([opts["prompt"]] if opts.get("prompt") else None) or self.cfg.sample_prompts
         cond: dict[str, Any] = {}
-        if prompts:
-            cond["text"] = [prompts[i % len(prompts)] for i in range(n)]
+        prompts = options.given_prompts(n)
+        if prompts or self.cfg.sample_prompts:
+            cond["text"] = prompts or [self.cfg.sample_prompts[i % len(self.cfg.sample_prompts)] for i in range(n)]
         else:
             held = self.heldout.conditions(n) if self.heldout is not None else {}
             if "text" not in held:
                 raise ValueError("no prompts: the data has no held-out captions; pass --prompt or --prompts FILE, or "
                                  "set model.sample_prompts")
             cond.update({k: v.to(device) if isinstance(v, Tensor) else v for k, v in held.items()})
-        if opts.get("negative_prompt"):
-            cond["negative_text"] = [opts["negative_prompt"]] * n
+        if options.negative_prompt:
+            cond["negative_text"] = [options.negative_prompt] * n
         return Batch(**cond)
 
-    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
+    def sampler_settings(self, options: MaskedSampleOptions) -> dict[str, Any]:
         c = self.cfg
-        cfg_scale = opts.get("cfg_scale") or c.cfg_scale
-        settings = {"sampler": "maskgit", "steps": opts.get("steps") or c.sample_steps,
-                    "cfg_scale": cfg_scale if c.conditioning != "none" else 1.0,
-                    "temperature": c.temperature if opts.get("temperature") is None else opts["temperature"],
-                    "choice_temperature": (c.choice_temperature if opts.get("choice_temperature") is None
-                                           else opts["choice_temperature"]),
+        settings = {"sampler": "maskgit", "steps": options.steps,
+                    "cfg_scale": options.cfg_scale if c.conditioning != "none" else 1.0,
+                    "temperature": options.temperature, "choice_temperature": options.choice_temperature,
                     "mask_schedule": c.mask_schedule}
-        if opts.get("negative_prompt"):
-            settings["negative_prompt"] = opts["negative_prompt"]
-        critic = opts.get("critic")
-        if critic and c.critic is None:
-            raise ValueError("--critic: this run has no token critic (model.critic)")
+        if options.negative_prompt:
+            settings["negative_prompt"] = options.negative_prompt
         if c.critic is not None:
-            settings["critic"] = c.critic.sample if critic is None else bool(critic)
+            settings["critic"] = bool(options.critic)
             if settings["critic"]:
                 settings["critic_noise"] = c.critic.noise
         return settings
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, initial: Tensor | None = None,
-               **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: MaskedSampleOptions,
+               progress: bool = False, initial: Tensor | None = None) -> Tensor:
         """Iterative parallel decoding (MaskGIT §3.2) with classifier-free guidance: logits = u + s·(c − u), the
         unconditional branch u from the null context or the negative prompt; images (clips) in [-1, 1].
         `initial` (ids [n, ...code_shape], mask_id where to generate) keeps the known tokens (masking.decode)."""
-        s = self.sampler_settings(**opts)
+        s = self.sampler_settings(options)
         device = self.model.head.weight.device
         keep = torch.zeros(n, dtype=torch.bool, device=device)
         context, context_mask = self.context(cond, keep)
@@ -297,7 +304,7 @@ class MaskedTokenTask(Task):
             critic = self.model.critic
             critic_context = self.context(cond, keep, transformer=critic)
             critic_fn = lambda ids: -critic(ids, *critic_context)[..., 0]  # noqa: E731
-        shape = self.code_shape(n, **opts)
+        shape = self.code_shape(n, options)
 
         def run(start: Tensor | None, generate: Tensor | None) -> Tensor:
             return decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,

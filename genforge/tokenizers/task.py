@@ -18,12 +18,13 @@ among them, and the codec is told which frames to keep (`autoencode`'s `keep`: i
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from genforge.core.config import SampleOptions
 from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, global_rows, interleave_rows
@@ -200,14 +201,15 @@ class TokenizerTask(Task):
         return loss + weight * penalty, logs
 
     # ----------------------------------------------------------------------------------- previews
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+    def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
         """The first `n` held-out images or clips (the same ones every time, so previews are comparable)."""
         if self.heldout is None:
             raise ValueError(f"no held-out {self.field}s to reconstruct (the task was built without data)")
         return Batch({self.field: self.heldout.samples(n)[self.field].to(generator.device)})
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
+               progress: bool = False) -> Tensor:
         """Reconstructions of the held-out images or clips through the codec, in [-1, 1]."""
         device = next(self.autoencoder.parameters()).device
         return self.reconstruct(cond[self.field].to(device)).float().clamp(-1, 1)

@@ -22,6 +22,7 @@ from genforge.data.images import to_uint8
 from genforge.engine.logging import write_samples
 from genforge.eval import metrics as metrics_module
 from genforge.eval.run import generate
+from genforge.core.config import SampleOptions
 from eval.eval_standins import TinyFeatures
 
 ROOT = Path(__file__).parents[2]
@@ -65,11 +66,11 @@ def test_sample_draws_what_genforge_sample_draws(demo, tmp_path):
     run = genforge.load_run(run_dir, device="cpu")
     options = {"label": 2, "steps": 4, "cfg_scale": 1.5}
     samples = run.sample(n=4, seed=3, **options)
-    assert torch.equal(samples, generate(run.task, 4, 3, "cpu", **options)[0])
+    assert torch.equal(samples, generate(run.task, 4, 3, "cpu", options=SampleOptions(**options))[0])
     out = runner.invoke(app, ["sample", str(run_dir), "--n", "4", "--seed", "3", "--label", "2", "--steps", "4",
                               "--cfg-scale", "1.5", "--out", str(tmp_path / "cli.png")])
     assert out.exit_code == 0, out.output
-    cond = run.task.sample_conditions(4, torch.Generator().manual_seed(3), **options)
+    cond = run.task.sample_conditions(4, torch.Generator().manual_seed(3), run.task.resolve(SampleOptions(**options)))
     write_samples(run.task, cond, samples, tmp_path / "api.png")
     assert np.array_equal(np.asarray(Image.open(tmp_path / "cli.png")), np.asarray(Image.open(tmp_path / "api.png")))
 

@@ -75,7 +75,8 @@ def test_the_checkpoint_refers_to_the_folder_instead_of_copying_it(vae_run):
     names = _weight_names(ckpt)
     assert names and not any("latent_codec" in n or "vae" in n for n in names)  # the DiT's weights only
     run = load_run(vae_run["run"])
-    images, _ = run.task.sample({"label": torch.tensor([0, 1])}, torch.Generator().manual_seed(0), 2), None
+    images, _ = run.task.sample({"label": torch.tensor([0, 1])}, torch.Generator().manual_seed(0), 2,
+                                run.task.resolve()), None
     assert images.shape == (2, 3, 16, 16) and torch.isfinite(images).all()
 
 
@@ -151,7 +152,8 @@ def test_a_vq_model_folder_gives_maskgit_its_tokens(tmp_path):
     make_trainer(cfg, tmp_path / "run").fit()
     assert "model.tokens.pretrained" in json.loads(
         (tmp_path / "run" / "checkpoints" / "step-000002" / "trainer_state.json").read_text())["inputs"]
-    images = load_run(tmp_path / "run").task.sample({"text": ["a red square"] * 2}, torch.Generator(), 2)
+    task = load_run(tmp_path / "run").task
+    images = task.sample({"text": ["a red square"] * 2}, torch.Generator(), 2, task.resolve())
     assert images.shape == (2, 3, 16, 16)
 
 

@@ -22,6 +22,7 @@ from genforge.core.random import mix_seed
 from genforge.core.registry import FAMILIES
 from genforge.diffusion import clip_x0
 from genforge.eval.run import generate
+from genforge.core.config import SampleOptions
 
 runner = CliRunner()
 QUICK = ["train.sample_every=0", "eval.every=0", "data.num_workers=0"]
@@ -143,7 +144,8 @@ def test_latent_dit_exports_a_dit_pipeline_that_samples_what_genforge_samples(ru
     assert pipe.vae.config.scaling_factor == pytest.approx(run.task.latent_codec.scale_factor())
 
     steps, scale, seed = 5, 2.0, 3
-    images, cond = generate(run.task, 4, seed, "cpu", sampler="ddim", steps=steps, cfg_scale=scale)  # genforge sample
+    options = SampleOptions(sampler="ddim", steps=steps, cfg_scale=scale)
+    images, cond = generate(run.task, 4, seed, "cpu", options=options)  # genforge sample
     _shift_like_genforge(pipe.transformer)
     ours = (images + 1) / 2
     theirs = pipe(class_labels=cond["label"].tolist(), guidance_scale=scale, num_inference_steps=steps,

@@ -15,6 +15,7 @@ from genforge.app.runs import load_run, make_trainer
 from genforge.cli import app
 from genforge.eval.run import generate
 from genforge.families.diffusion.dit import sincos_pos_embed_2d
+from genforge.core.config import SampleOptions
 
 runner = CliRunner()
 QUICK = ["train.sample_every=0", "eval.every=0", "data.num_workers=0", "train.steps=2", "train.checkpoint_every=2"]
@@ -57,7 +58,7 @@ def trained(tmp_path_factory):
 
 
 def _samples(task, seed=3):
-    images, _ = generate(task, 4, seed, "cpu", sampler="ddim", steps=5, cfg_scale=2.0)
+    images, _ = generate(task, 4, seed, "cpu", options=SampleOptions(sampler="ddim", steps=5, cfg_scale=2.0))
     return images
 
 

@@ -15,6 +15,7 @@ from genforge.diffusion import (SAMPLERS, LossType, MeanType, Sampler, SamplingP
                                 classifier_free_guidance, create_diffusion, sample_ddim, sample_ddpm)
 from genforge.diffusion.build import build_diffusion
 from genforge.diffusion.config import DiffusionConfig
+from genforge.core.config import SampleOptions
 
 
 def _model(out_channels: int = 3):
@@ -106,8 +107,9 @@ def test_dit_sample_is_bit_identical_to_the_old_call_path(dit_task, name, eta):
     task, d = dit_task, dit_task.cfg.diffusion
     task.cfg.diffusion = d.model_copy(update={"ddim_eta": eta})
     try:
-        cond = task.sample_conditions(3, torch.Generator().manual_seed(0))
-        new = task.sample(cond, torch.Generator().manual_seed(11), n=3, sampler=name)
+        options = task.resolve(SampleOptions(sampler=name))
+        cond = task.sample_conditions(3, torch.Generator().manual_seed(0), options)
+        new = task.sample(cond, torch.Generator().manual_seed(11), 3, options)
         # the old path: respacing switched on the name, the loop drawing x_T itself
         respacing = f"ddim{d.sample_steps}" if name == "ddim" else str(d.sample_steps)
         diffusion = create_diffusion(respacing, noise_schedule=d.noise_schedule, num_timesteps=d.num_timesteps,

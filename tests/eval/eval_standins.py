@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from genforge.core.task import Batch, Task
+from genforge.core.config import SampleOptions
 
 
 class TinyFeatures:
@@ -34,10 +35,11 @@ class NoiseGenerator(Task):
         super().__init__()
         self.size = size
 
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+    def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
         return Batch(label=torch.arange(n) % 16)
 
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
+               progress: bool = False) -> Tensor:
         return torch.rand(n, 3, self.size, self.size, generator=generator) * 2 - 1
 
 
@@ -48,9 +50,10 @@ class NoisyCopier(Task):
         super().__init__()
         self.sigma, self.size = sigma, size
 
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+    def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
         return Batch(image=torch.rand(n, 3, self.size, self.size, generator=torch.Generator().manual_seed(1)) * 1.6 - 0.8)
 
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
+               progress: bool = False) -> Tensor:
         noise = torch.randn(cond["image"].shape, generator=generator, device=generator.device)
         return cond["image"] + self.sigma * noise

@@ -15,6 +15,7 @@ from genforge.data.loader import heldout_split
 from genforge.eval.metrics import EvalContext, check_metrics
 from genforge.eval.run import evaluate_task, evaluate_tokenizer
 from genforge.tokenizers.standins import SpaceToDepthCodec
+from genforge.core.config import SampleOptions
 from kill_harness import run, train_argv
 
 
@@ -75,8 +76,8 @@ def test_token_codec_reports_codebook_usage(cfg):
 
 
 def test_metric_of_the_wrong_kind_is_a_clear_error(cfg):
-    def evaluate(task, metrics, **opts):
-        return evaluate_task(task, cfg.data, cfg.eval, metrics, n=2, seed=0, device="cpu", **opts)
+    def evaluate(task, metrics, options=None):
+        return evaluate_task(task, cfg.data, cfg.eval, metrics, n=2, seed=0, device="cpu", options=options)
 
     with pytest.raises(ValueError, match=r"'judge' needs a generator; this model is a discrete tokenizer"):
         evaluate(Tokenizer(GreyCodec()), ["psnr", "judge"])
@@ -89,7 +90,7 @@ def test_metric_of_the_wrong_kind_is_a_clear_error(cfg):
     with pytest.raises(ValueError, match="unknown metric 'nope'"):
         evaluate(Task(), ["nope"])
     with pytest.raises(ValueError, match="sampler options"):
-        evaluate(Tokenizer(GreyCodec()), ["psnr"], steps=4)
+        evaluate(Tokenizer(GreyCodec()), ["psnr"], SampleOptions(steps=4))
 
 
 def test_held_out_split_and_metric_names():

@@ -16,6 +16,7 @@ from torch import Tensor
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from genforge.core.config import SampleOptions
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task
 from genforge.families.clip.config import ClipConfig
@@ -91,5 +92,6 @@ class ClipTask(Task):
         loss, logs = contrastive_loss(image, text, scale)
         return loss, {**logs, "logit_scale": scale.detach()}
 
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
+               progress: bool = False) -> Tensor:
         raise ValueError("a clip model embeds images and texts; it does not generate (use genforge eval)")

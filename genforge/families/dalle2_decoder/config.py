@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
+from torch import Tensor
 
 from genforge.core.codec import InputRun
 from genforge.core.config import DataConfig, FamilyConfig, OnResume, SampleOptions, StrictModel
+from genforge.core.task import Task
 from genforge.diffusion.config import DiffusionConfig
 from genforge.nn.unet import UNetConfig
 from genforge.text.config import TextEncoderConfig
@@ -91,14 +93,15 @@ class Dalle2SampleOptions(SampleOptions):
     """The decoder's sampling options: variations of a given image, part of the cascade, text-to-image through a
     prior."""
 
-    image: Path | None = Field(None, description="an image file whose variations to make (or which a later "
+    image: Path | Tensor | None = Field(None, description="an image file whose variations to make (or which a later "
                                                  "--start-stage upsamples)", json_schema_extra={"read": "image"})
     start_stage: int | None = Field(None, ge=1, description="the first stage of the cascade to run (a later one "
                                                             "upsamples --image)")
     stop_stage: int | None = Field(None, ge=1, description="the last stage of the cascade to run")
-    prior: Path | None = Field(None, description="a dalle2_prior run over the same CLIP: --prompt (or the held-out "
-                                                 "captions) becomes image embeddings through it (DALL·E 2 §2.2), "
-                                                 "text-to-image", json_schema_extra={"read": "run", "eval": True})
+    prior: Path | Task | None = Field(
+        None, description="a dalle2_prior run over the same CLIP: --prompt (or the held-out captions) becomes image "
+                          "embeddings through it (DALL·E 2 §2.2), text-to-image",
+        json_schema_extra={"read": "run", "eval": True})
     from_captions: bool = Field(False, description="decode held-out captions (their labels kept for the judge) "
                                                    "instead of making variations of held-out images: through "
                                                    "--prior, else CLIP's text embedding (the shortcut)",

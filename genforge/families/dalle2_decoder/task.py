@@ -18,13 +18,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from genforge.core.codec import TextToImageEmbedding
+from genforge.core.config import SampleOptions
 from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
-from genforge.core.task import Batch, Task, given_prompts, heldout_captions, interleave_rows
+from genforge.core.task import Batch, Task, heldout_captions, interleave_rows
 from genforge.diffusion import GaussianDiffusion
 from genforge.diffusion.build import build_diffusion, build_objective, sample_diffusion
 from genforge.diffusion.config import DiffusionConfig
-from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
+from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig, Dalle2SampleOptions
 from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
 from genforge.nn.frozen import Frozen, held_on
 from genforge.nn.unet import AttentionBlock, ResBlock
@@ -177,25 +178,25 @@ class Dalle2DecoderTask(Task):
         return terms["loss"].mean(), logs
 
     # ---------------------------------------------------------------------------------------------- sampling
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+    def sample_conditions(self, n: int, generator: torch.Generator, options: Dalle2SampleOptions) -> Batch:
         """What `n` samples decode: image embeddings of the text `prompt` (`text_image_embeds`: through `prior`, or
         CLIP's text tower), of held-out captions (with `prior` or `from_captions`; their labels kept for the judge), of
         `image` (a tensor [k, C, H, W] in [-1, 1], e.g. `genforge sample --image`), or else of `n` held-out images
         (with their labels and captions, for the judge and text conditioning), spread evenly over the held-out
         split."""
         device = generator.device
-        if opts.get("negative_prompt"):
+        if options.negative_prompt:
             raise ValueError("--negative-prompt does not apply to dalle2_decoder (guidance is against the null "
                              "image embedding)")
-        texts = given_prompts(opts, n)
+        texts = options.given_prompts(n)
         if texts:
-            return Batch(image_embed=self.text_image_embeds(texts, generator, opts.get("prior")), text=texts)
-        if opts.get("prior") is not None or opts.get("from_captions"):  # held-out captions, text-to-image
+            return Batch(image_embed=self.text_image_embeds(texts, generator, options.prior), text=texts)
+        if options.prior is not None or options.from_captions:  # held-out captions, text-to-image
             cond = heldout_captions(self.heldout, n, device)
-            cond["image_embed"] = self.text_image_embeds(cond["text"], generator, opts.get("prior"))
+            cond["image_embed"] = self.text_image_embeds(cond["text"], generator, options.prior)
             return cond
-        if opts.get("image") is not None:
-            image = resize(opts["image"], self.cfg.stages[-1].image_size)
+        if options.image is not None:
+            image = resize(options.image, self.cfg.stages[-1].image_size)
             cond = Batch(image=image.repeat((n + len(image) - 1) // len(image), 1, 1, 1)[:n])
         else:
             # evenly spread over the held-out split (a folder lists its classes in turn); a cache: its images'
@@ -212,7 +213,7 @@ class Dalle2DecoderTask(Task):
         cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
         if "image_embed" in cond:
             cond["image_embed"] = cond["image_embed"].float()
-        elif self.conditioned_in(self.sampler_settings(**opts)):  # unconditioned upsamplers alone need none
+        elif self.conditioned_in(self.sampler_settings(options)):  # unconditioned upsamplers alone need none
             cond["image_embed"] = self.embed_images(cond["image"])
         return Batch(**cond)
 
@@ -244,26 +245,34 @@ class Dalle2DecoderTask(Task):
         """Whether a stage run by `settings` (start_stage..stop_stage) is conditioned on the image embedding."""
         return any(self.conditioned[settings["start_stage"] - 1 : settings["stop_stage"]])
 
-    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
+    def resolve(self, options: SampleOptions | None = None) -> Dalle2SampleOptions:
+        """Unset stages from the whole cascade (1 to the last), checked; sampler, steps and guidance scale stay unset
+        when not given: each stage has its own defaults (`sampler_settings`)."""
+        options = Dalle2SampleOptions.of(options).filled(start_stage=1, stop_stage=len(self.cfg.stages))
+        start, stop = options.start_stage, options.stop_stage
+        if not 1 <= start <= stop <= len(self.cfg.stages):
+            raise ValueError(f"--start-stage {start} / --stop-stage {stop}: need 1 <= start <= stop <= "
+                             f"{len(self.cfg.stages)}")
+        return options
+
+    def sampler_settings(self, options: Dalle2SampleOptions) -> dict[str, Any]:
         """Per stage: sampler, steps and guidance scale (--sampler/--steps apply to every stage, --cfg-scale to every
         conditioned one; an unconditioned stage is not guided: 1), and the stages run (--start-stage, --stop-stage;
         1-based)."""
         stages = self.cfg.stages
-        start, stop = opts.get("start_stage") or 1, opts.get("stop_stage") or len(stages)
-        if not 1 <= start <= stop <= len(stages):
-            raise ValueError(f"--start-stage {start} / --stop-stage {stop}: need 1 <= start <= stop <= {len(stages)}")
-        return {"sampler": [opts.get("sampler") or s.diffusion.sampler for s in stages],
-                "steps": [opts.get("steps") or s.diffusion.sample_steps for s in stages],
-                "cfg_scale": [(opts.get("cfg_scale") or s.diffusion.cfg_scale) if s.conditioned else 1.0
+        return {"sampler": [options.sampler or s.diffusion.sampler for s in stages],
+                "steps": [options.steps or s.diffusion.sample_steps for s in stages],
+                "cfg_scale": [(options.cfg_scale or s.diffusion.cfg_scale) if s.conditioned else 1.0
                               for s in stages],
-                "start_stage": start, "stop_stage": stop}
+                "start_stage": options.start_stage, "stop_stage": options.stop_stage}
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: Dalle2SampleOptions,
+               progress: bool = False) -> Tensor:
         """Run the cascade from `start_stage` (a later start upsamples `cond["image"]`, a real low-resolution
         image) to `stop_stage`, each conditioned stage guided against the null conditions, each unconditioned one
         (by default the upsamplers) unguided, one forward per step; images in [-1, 1] at the stop stage's size."""
-        s = self.sampler_settings(**opts)
+        s = self.sampler_settings(options)
         device = next(self.cascade.parameters()).device
         keep = torch.ones(n, dtype=torch.bool, device=device)
         cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
@@ -285,7 +294,7 @@ class Dalle2DecoderTask(Task):
                                  stage.image_size), model_kwargs=stage_kwargs,
                                  null_kwargs=null if self.conditioned[i] else None, clip=True,
                                  sampler=s["sampler"][i], steps=s["steps"][i], cfg_scale=s["cfg_scale"][i],
-                                 generator=generator, device=device, progress=bool(opts.get("progress")))
+                                 generator=generator, device=device, progress=progress)
         return x.clamp(-1, 1)
 
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int | None]:

@@ -21,10 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from genforge.core.codec import TextTowerEmbedder
+from genforge.core.config import SampleOptions
 from genforge.core.errors import ConfigError
 from genforge.core.family import BuildContext
-from genforge.core.task import Batch, Task, given_prompts, heldout_captions, interleave_rows
-from genforge.diffusion.build import build_objective, sample_diffusion
+from genforge.core.task import Batch, Task, heldout_captions, interleave_rows
+from genforge.diffusion.build import build_objective, sample_diffusion, with_diffusion_defaults
 from genforge.families.dalle2_prior.config import Dalle2PriorConfig
 from genforge.families.dalle2_prior.model import PriorNetwork
 from genforge.nn.attention import PreNormBlock
@@ -150,16 +151,21 @@ class Dalle2PriorTask(Task):
         return terms["loss"].mean(), {k: terms[k].mean().detach() for k in ("mse",) if k in terms}
 
     # ---------------------------------------------------------------------------------------------- sampling
-    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
-        d = self.cfg.diffusion
-        return {"sampler": opts.get("sampler") or d.sampler, "steps": opts.get("steps") or d.sample_steps,
-                "cfg_scale": opts.get("cfg_scale") or d.cfg_scale, "candidates": self.cfg.candidates}
+    def resolve(self, options: SampleOptions | None = None) -> SampleOptions:
+        """Unset sampler, steps and guidance scale from model.diffusion."""
+        return with_diffusion_defaults(options, self.cfg.diffusion)
+
+    def sampler_settings(self, options: SampleOptions) -> dict[str, Any]:
+        return {"sampler": options.sampler, "steps": options.steps, "cfg_scale": options.cfg_scale,
+                "candidates": self.cfg.candidates}
 
     @torch.no_grad()
-    def image_embeds_for(self, texts: list[str], generator: torch.Generator, **opts: Any) -> Tensor:
+    def image_embeds_for(self, texts: list[str], generator: torch.Generator, options: SampleOptions | None = None,
+                         progress: bool = False) -> Tensor:
         """Unit-norm image embeddings [n, D] for n captions: `candidates` drawn per caption, the most similar to
-        its text embedding kept (`rerank`); guided against the null text conditions by cfg_scale."""
-        s = self.sampler_settings(**opts)
+        its text embedding kept (`rerank`); guided against the null text conditions by cfg_scale. `options`: the
+        resolved ones (None: the config's, as a decoder driven by this prior uses it)."""
+        s = self.sampler_settings(options or self.resolve())
         device, n, k = next(self.model.parameters()).device, len(texts), self.cfg.candidates
         cond = self.text_conditions(texts, device)
         kwargs = {name: value.repeat_interleave(k, dim=0) for name, value in cond.items()}  # caption i: rows i·k..
@@ -168,16 +174,16 @@ class Dalle2PriorTask(Task):
         x0 = sample_diffusion(self.cfg.diffusion, model=self.model, shape=(n * k, self.embed_dim),
                               model_kwargs=kwargs, null_kwargs=null, clip=False, sampler=s["sampler"],
                               steps=s["steps"], cfg_scale=s["cfg_scale"], generator=generator, device=device,
-                              progress=bool(opts.get("progress")))
+                              progress=progress)
         candidates = F.normalize(x0.float(), dim=-1).view(n, k, self.embed_dim)  # x₀ / √D, renormalised
         return rerank(candidates, cond["text_embed"])
 
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+    def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
         """The captions of n samples: `prompts` / `prompt` (cycled), or n held-out captions spread over the held-out
         split, with their images' true embeddings (`image_embed`) and labels; every caption's CLIP text embedding
         (`caption_embed` [n, D]) for evaluation (metric prior_similarity)."""
         device = generator.device
-        texts = given_prompts(opts, n)
+        texts = options.given_prompts(n)
         if texts:
             cond = Batch(text=texts)
         else:
@@ -187,9 +193,10 @@ class Dalle2PriorTask(Task):
         return Batch(**cond)
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
+               progress: bool = False) -> Tensor:
         """Image embeddings [n, D] (unit norm) for cond's captions."""
-        return self.image_embeds_for(list(cond["text"])[:n], generator, **opts)
+        return self.image_embeds_for(list(cond["text"])[:n], generator, options, progress)
 
     @torch.no_grad()
     def retrieval_bank(self, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -9,9 +9,10 @@ import torch
 from torch import Tensor
 
 from genforge.core.codec import GaussianLatentCodec
+from genforge.core.config import SampleOptions
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
-from genforge.diffusion.build import build_objective, sample_diffusion
+from genforge.diffusion.build import build_objective, sample_diffusion, with_diffusion_defaults
 from genforge.families.diffusion.config import DiffusionModelConfig, UNetBackboneConfig
 from genforge.families.diffusion.dit import DiT, DiTBlock
 from genforge.nn.frozen import held_on
@@ -108,26 +109,29 @@ class DiffusionTask(Task):
         logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
         return terms["loss"].mean(), logs
 
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+    def resolve(self, options: SampleOptions | None = None) -> SampleOptions:
+        """Unset sampler, steps and guidance scale from model.diffusion."""
+        return with_diffusion_defaults(options, self.cfg.diffusion)
+
+    def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
         if not self.num_classes:
             return Batch()
-        return class_conditions(n, self.num_classes, opts.get("label"), generator.device)
+        return class_conditions(n, self.num_classes, options.label, generator.device)
 
-    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
-        d = self.cfg.diffusion
-        cfg_scale = opts.get("cfg_scale") or d.cfg_scale
+    def sampler_settings(self, options: SampleOptions) -> dict[str, Any]:
         return {
-            "sampler": opts.get("sampler") or d.sampler,
-            "steps": opts.get("steps") or d.sample_steps,
-            "cfg_scale": cfg_scale if self.num_classes else 1.0,
-            "ddim_eta": d.ddim_eta,
+            "sampler": options.sampler,
+            "steps": options.steps,
+            "cfg_scale": options.cfg_scale if self.num_classes else 1.0,
+            "ddim_eta": self.cfg.diffusion.ddim_eta,
         }
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
+               progress: bool = False) -> Tensor:
         """A sampler of `genforge.diffusion.SAMPLERS` (model.diffusion.sampler, or --sampler) with classifier-free
         guidance, from x_T drawn on the generator's device; images in [-1, 1]."""
-        s = self.sampler_settings(**opts)
+        s = self.sampler_settings(options)
         device = next(self.model.parameters()).device
         shape = (n, self.channels, self.input_size, self.input_size)
         kwargs, null = {}, None
@@ -137,6 +141,6 @@ class DiffusionTask(Task):
         x = sample_diffusion(self.cfg.diffusion, model=self.model, shape=shape, model_kwargs=kwargs, null_kwargs=null,
                              clip=self.latent_codec is None,  # pixels live in [-1, 1]; latents have no fixed range
                              sampler=s["sampler"], steps=s["steps"], cfg_scale=s["cfg_scale"], generator=generator,
-                             device=device, progress=bool(opts.get("progress")))
+                             device=device, progress=progress)
         images = held_on(self.latent_codec, x.device).decode(x) if self.latent_codec else x
         return images.clamp(-1, 1)

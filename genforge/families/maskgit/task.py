@@ -3,9 +3,8 @@ tokenizer's ids [B, h, w], with learned positions, one per token (MUSE)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from genforge.core.family import BuildContext
+from genforge.masked.config import MaskedSampleOptions
 from genforge.masked.task import MaskedTokenTask
 from genforge.masked.transformer import MaskTransformer
 
@@ -24,5 +23,5 @@ class MaskGITTask(MaskedTokenTask):
         return MaskTransformer(self.codebook_size, self.grid**2, width, depth, num_heads, self.cfg.mlp_ratio,
                                self.cfg.dropout, text_dim=text_dim, num_classes=self.num_classes)
 
-    def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
+    def code_shape(self, n: int, options: MaskedSampleOptions) -> tuple[int, ...]:
         return (n, self.grid, self.grid)

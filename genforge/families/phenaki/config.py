@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
+from torch import Tensor
 
 from genforge.core.config import DataConfig, OnResume, SampleOptions
 from genforge.masked.config import MaskedSampleOptions, MaskedTokenConfig
@@ -17,12 +18,14 @@ class PhenakiSampleOptions(MaskedSampleOptions):
     """Phenaki's sampling options: clip length and story mode."""
 
     frames: int | None = Field(None, ge=1, description="frames per clip (default: the training clips')")
-    story: Path | None = Field(None, description="text file, one chapter per line: 'prompt', or 'prompt | frames' "
-                                                 "or 'prompt | frames | carried frames'; each sample is one story, a "
-                                                 "clip per chapter continuing the last", json_schema_extra={"read": "lines"})
-    prime: Path | None = Field(None, description="a video to continue: its last frames (1 + k·temporal patch, "
-                                                 "leaving a token frame to generate) start the clip, re-encoded by the "
-                                                 "tokenizer; the rest is generated", json_schema_extra={"read": "video"})
+    story: Path | list[str] | None = Field(
+        None, description="text file, one chapter per line: 'prompt', or 'prompt | frames' or 'prompt | frames | "
+                          "carried frames'; each sample is one story, a clip per chapter continuing the last",
+        json_schema_extra={"read": "lines"})
+    prime: Path | Tensor | None = Field(
+        None, description="a video to continue: its last frames (1 + k·temporal patch, leaving a token frame to "
+                          "generate) start the clip, re-encoded by the tokenizer; the rest is generated",
+        json_schema_extra={"read": "video"})
     decode_order: Literal["parallel", "frames"] | None = Field(
         None, description="parallel: every token of the clip decoded together (MaskGIT); frames: one token frame "
                           "after the other, each conditioned on those before (default: model.decode_order)",

@@ -14,9 +14,11 @@ import torch
 from torch import Tensor
 
 from genforge.core.codec import token_frame_mask
+from genforge.core.config import SampleOptions, TrainConfig
 from genforge.core.family import BuildContext
 from genforge.core.random import BatchRandom
 from genforge.core.task import Batch
+from genforge.families.phenaki.config import PhenakiSampleOptions
 from genforge.families.phenaki.model import VideoMaskTransformer
 from genforge.masked.masking import frame_hidden_count, frame_training_mask, hidden_count, training_mask
 from genforge.masked.task import DecodeRun, MaskedTokenTask, TrainingMasks
@@ -43,14 +45,17 @@ class PhenakiTask(MaskedTokenTask):
                                     self.cfg.dropout, text_dim=text_dim, num_classes=self.num_classes,
                                     positions=self.cfg.positions)
 
-    def code_shape(self, n: int, **opts: Any) -> tuple[int, ...]:
-        """[n, t, h, w] for clips of `frames` frames (default data.video.num_frames): 1 + (frames − 1) / temporal
-        patch token frames."""
-        frames = opts.get("frames") or self.num_frames
+    def clip_shape(self, n: int, frames: int) -> tuple[int, ...]:
+        """[n, t, h, w] for clips of `frames` frames: 1 + (frames − 1) / temporal patch token frames; ValueError
+        naming --frames when the tokenizer cannot make clips of that length."""
         if (frames - 1) % self.temporal_downsample:
             raise ValueError(f"--frames {frames}: the tokenizer makes clips of 1 + k·{self.temporal_downsample} "
                              f"frames, e.g. {1 + self.temporal_downsample * max(1, (frames - 1) // self.temporal_downsample)}")
         return (n, 1 + (frames - 1) // self.temporal_downsample, self.grid, self.grid)
+
+    def code_shape(self, n: int, options: PhenakiSampleOptions) -> tuple[int, ...]:
+        """The ids of n clips of `options.frames` frames (`clip_shape`)."""
+        return self.clip_shape(n, options.frames)
 
     def real_positions(self, frame_mask: Tensor, n: int) -> Tensor:
         """The positions of the real token frames (`token_frame_mask` of the tokenizer's temporal patch): a token
@@ -104,18 +109,27 @@ class PhenakiTask(MaskedTokenTask):
                 ids = run(ids, region)
         return ids
 
-    def sampler_settings(self, **opts: Any) -> dict[str, Any]:
+    def resolve(self, options: SampleOptions | None = None) -> PhenakiSampleOptions:
+        """MaskGIT's, and unset frames from the training clips' (data.video.num_frames), decode_order from the model
+        section."""
+        return super().resolve(PhenakiSampleOptions.of(options)).filled(frames=self.num_frames,
+                                                                        decode_order=self.cfg.decode_order)
+
+    def preview_options(self, train: TrainConfig) -> PhenakiSampleOptions:
+        """Previews of clips of train.sample_frames frames (default: the training clips')."""
+        return self.resolve(PhenakiSampleOptions(frames=train.sample_frames))
+
+    def sampler_settings(self, options: PhenakiSampleOptions) -> dict[str, Any]:
         """MaskGIT's settings, the clip length (checked against the tokenizer's layout), the decoding order, and a
         story's chapters or a prime's frames."""
-        frames = opts.get("frames") or self.num_frames
-        self.code_shape(1, frames=frames)  # 1 + k·temporal patch frames, or a ValueError saying which would do
-        settings = {**super().sampler_settings(**opts), "frames": frames,
-                    "decode_order": opts.get("decode_order") or self.cfg.decode_order}
-        if opts.get("story"):
-            chapters = self.chapters(opts["story"], frames)
+        self.clip_shape(1, options.frames)  # 1 + k·temporal patch frames, or a ValueError saying which would do
+        settings = {**super().sampler_settings(options), "frames": options.frames,
+                    "decode_order": options.decode_order}
+        if options.story:
+            chapters = self.chapters(options.story, options.frames)
             settings["story"] = [{"prompt": c.prompt, "frames": c.frames, "carried": c.carried} for c in chapters]
-        if opts.get("prime") is not None:
-            settings["prime_frames"] = self.prime_length(opts["prime"].shape[2], frames)
+        if options.prime is not None:
+            settings["prime_frames"] = self.prime_length(options.prime.shape[2], options.frames)
         return settings
 
     # ------------------------------------------------------------------------------------- continuing clips
@@ -157,7 +171,7 @@ class PhenakiTask(MaskedTokenTask):
             if number == 1 and len(numbers) > 1:
                 raise ValueError(f"--story line 1 {line!r}: the first chapter carries no frames (it starts the story)")
             try:
-                token_frames = self.code_shape(1, frames=length)[1]
+                token_frames = self.clip_shape(1, length)[1]
                 carried = None
                 if number > 1:
                     carried = numbers[1] if len(numbers) > 1 else self.story_context(token_frames)[1]
@@ -167,51 +181,51 @@ class PhenakiTask(MaskedTokenTask):
             chapters.append(Chapter(parts[0], length, carried))
         return chapters
 
-    def sample_conditions(self, n: int, generator: torch.Generator, **opts: Any) -> Batch:
+    def sample_conditions(self, n: int, generator: torch.Generator, options: PhenakiSampleOptions) -> Batch:
         """As MaskGIT's; with `story` (a list of chapters), each sample's caption is the whole story's prompts."""
-        if opts.get("story"):
-            if opts.get("prompt") or opts.get("prompts"):
+        if options.story:
+            if options.prompt or options.prompts:
                 raise ValueError("--story and --prompt/--prompts: give one of them")
-            return Batch(text=[" / ".join(c.prompt for c in self.chapters(opts["story"], self.num_frames))] * n)
-        return super().sample_conditions(n, generator, **opts)
+            return Batch(text=[" / ".join(c.prompt for c in self.chapters(options.story, self.num_frames))] * n)
+        return super().sample_conditions(n, generator, options)
 
     @torch.no_grad()
     def continue_clip(self, context: Tensor, carried_frames: int, cond: Batch, generator: torch.Generator, n: int,
-                      **opts: Any) -> Tensor:
-        """A clip [n, C, F, H, W] that starts with the last `carried_frames` frames of `context` [n, C, T', H, W]
-        re-encoded by the causal tokenizer (their tokens kept) and goes on as `cond` prompts (Phenaki §2.3)."""
-        shape = self.code_shape(n, **opts)  # [n, t, h, w]
-        carried = self.carried_tokens(carried_frames, opts.get("frames") or self.num_frames, "carried frames")
+                      options: PhenakiSampleOptions) -> Tensor:
+        """A clip [n, C, F, H, W] of `options.frames` frames that starts with the last `carried_frames` frames of
+        `context` [n, C, T', H, W] re-encoded by the causal tokenizer (their tokens kept) and goes on as `cond`
+        prompts (Phenaki §2.3)."""
+        shape = self.code_shape(n, options)  # [n, t, h, w]
+        carried = self.carried_tokens(carried_frames, options.frames, "carried frames")
         known = self.token_codec.encode(context[:, :, -carried_frames:])  # [n, carried, h, w]
         initial = torch.full(shape, self.model.mask_id, dtype=torch.long, device=known.device)
         initial[:, :carried] = known
-        return super().sample(cond, generator, n, initial=initial, **opts)
+        return super().sample(cond, generator, n, options, initial=initial)
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, initial: Tensor | None = None,
-               **opts: Any) -> Tensor:
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: PhenakiSampleOptions,
+               progress: bool = False, initial: Tensor | None = None) -> Tensor:
         """Clips [n, C, T, H, W]. With `prime` (a clip [1 or n, C, P, H, W]) the clip starts with the prime's last
         `prime_length` frames through the tokenizer and goes on as prompted. With `story` (chapter lines), Phenaki's
         story mode (§2.3, Fig. 1): the first chapter's clip (primed, if a prime is given), then for each next chapter
         the last `carried` video frames of the story so far are re-encoded by the causal tokenizer, kept as the first
         token frames, and the rest decoded with the chapter's prompt; each chapter adds its frames after the carried
         ones: T = F_1 + Σ (F_i − carried_i)."""
-        story, prime = opts.pop("story", None), opts.pop("prime", None)
+        story, prime = options.story, options.prime
         if not story and prime is None:
-            return super().sample(cond, generator, n, initial=initial, **opts)
-        frames = opts.pop("frames", None) or self.num_frames
-        chapters = self.chapters(story, frames) if story else [Chapter("", frames, None)]
+            return super().sample(cond, generator, n, options, initial=initial)
+        chapters = self.chapters(story, options.frames) if story else [Chapter("", options.frames, None)]
         others = {k: v for k, v in cond.items() if k != "text"}
         first = Batch(**others, text=[chapters[0].prompt] * n) if story else cond
         if prime is None:
-            video = super().sample(first, generator, n, frames=chapters[0].frames, **opts)  # [n, C, F, H, W]
+            video = super().sample(first, generator, n, clip_options(options, chapters[0]))  # [n, C, F, H, W]
         else:
             prime = prime.to(self.model.head.weight.device).expand(n, -1, -1, -1, -1)
             video = self.continue_clip(prime, self.prime_length(prime.shape[2], chapters[0].frames), first, generator,
-                                       n, frames=chapters[0].frames, **opts)
+                                       n, clip_options(options, chapters[0]))
         for chapter in chapters[1:]:
             clip = self.continue_clip(video, chapter.carried, Batch(**others, text=[chapter.prompt] * n), generator, n,
-                                      frames=chapter.frames, **opts)
+                                      clip_options(options, chapter))
             video = torch.cat([video, clip[:, :, chapter.carried :]], dim=2)
         return video
 
@@ -224,3 +238,8 @@ class Chapter:
     prompt: str
     frames: int
     carried: int | None
+
+
+def clip_options(options: PhenakiSampleOptions, chapter: Chapter) -> PhenakiSampleOptions:
+    """The options of one clip of a story or primed sample: the chapter's length, no story and no prime."""
+    return options.model_copy(update={"frames": chapter.frames, "story": None, "prime": None})

@@ -38,9 +38,12 @@ class ToyTask(Task):
         loss = (self.net(noisy) - x).square().mean()
         return loss, {"mse": loss.detach()}
 
+    def resolve(self, options=None):
+        return ToySampleOptions.of(options).filled(noise_scale=1.0)
+
     @torch.no_grad()
-    def sample(self, cond, generator, n, **opts):
-        scale = opts.get("noise_scale") or 1.0
+    def sample(self, cond, generator, n, options, progress=False):
+        scale = options.noise_scale
         noise = scale * torch.randn(n, self.net.in_channels, self.size, self.size, generator=generator)
         return self.net(noise.to(self.net.weight.device)).clamp(-1, 1)
 

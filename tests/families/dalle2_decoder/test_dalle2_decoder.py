@@ -22,6 +22,7 @@ from genforge.cli import app
 from genforge.core.random import BatchRandom
 from genforge.families.dalle2_decoder.model import gaussian_blur
 from genforge.families.dalle2_decoder.task import AUGMENTATION_STEPS
+from genforge.families.dalle2_decoder.config import Dalle2SampleOptions
 
 PRESET = "dalle2-decoder-debug"
 
@@ -116,18 +117,20 @@ def test_guidance_applies_to_the_conditioned_stages_and_not_to_the_unconditional
     cfg, task = _task()
     _perturb(task)
     task.eval()
-    cond = task.sample_conditions(3, torch.Generator().manual_seed(0))
-    outs = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3, cfg_scale=scale) for scale in (1.0, 4.0)}
+    cond = task.sample_conditions(3, torch.Generator().manual_seed(0), task.resolve())
+    outs = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3,
+                               task.resolve(Dalle2SampleOptions(cfg_scale=scale))) for scale in (1.0, 4.0)}
     assert not torch.equal(outs[1.0], outs[4.0])
-    assert task.sampler_settings(cfg_scale=4.0)["cfg_scale"] == [4.0, 1.0]
+    assert task.sampler_settings(task.resolve(Dalle2SampleOptions(cfg_scale=4.0)))["cfg_scale"] == [4.0, 1.0]
     calls = _forwards(task.cascade[1])
-    up = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3, cfg_scale=scale, start_stage=2)
+    up = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3,
+                             task.resolve(Dalle2SampleOptions(cfg_scale=scale, start_stage=2)))
           for scale in (1.0, 4.0)}
     assert torch.equal(up[1.0], up[4.0])
     steps = cfg.model.stages[1].diffusion.sample_steps
     assert len(calls) == 2 * steps and all(c["batch"] == 3 for c in calls)  # one forward of the batch per step
     assert all(set(c) == {"batch", "lowres", "lowres_noise_level"} for c in calls)
-    base = task.sample(cond, torch.Generator().manual_seed(0), 3, stop_stage=1)
+    base = task.sample(cond, torch.Generator().manual_seed(0), 3, task.resolve(Dalle2SampleOptions(stop_stage=1)))
     assert base.shape[-1] == cfg.model.stages[0].image_size
 
 
@@ -138,10 +141,11 @@ def test_a_conditioned_upsampler_remains_a_choice_and_is_guided():
     _perturb(task)
     task.eval()
     assert task.cascade[1].image_embed_dim == cfg.model.embedder.grid ** 2 * 3
-    cond = task.sample_conditions(3, torch.Generator().manual_seed(0))
-    assert task.sampler_settings(cfg_scale=4.0)["cfg_scale"] == [4.0, 4.0]
+    cond = task.sample_conditions(3, torch.Generator().manual_seed(0), task.resolve())
+    assert task.sampler_settings(task.resolve(Dalle2SampleOptions(cfg_scale=4.0)))["cfg_scale"] == [4.0, 4.0]
     calls = _forwards(task.cascade[1])
-    up = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3, cfg_scale=scale, start_stage=2)
+    up = {scale: task.sample(cond, torch.Generator().manual_seed(0), 3,
+                             task.resolve(Dalle2SampleOptions(cfg_scale=scale, start_stage=2)))
           for scale in (1.0, 4.0)}
     assert not torch.equal(up[1.0], up[4.0])
     assert {c["batch"] for c in calls} == {3, 6}  # unguided at scale 1, both branches in one batch at 4
@@ -234,9 +238,10 @@ def test_a_pretrained_clip_checkpoint_drives_the_decoder(tmp_path):
     embeds = task.embed_images(torch.rand(3, 3, 16, 16) * 2 - 1)
     assert embeds.shape == (3, 24) and torch.allclose(embeds.norm(dim=-1), torch.ones(3), atol=1e-5)
     task.eval()
-    cond = task.sample_conditions(2, torch.Generator().manual_seed(0), prompt="a red circle")
+    cond = task.sample_conditions(2, torch.Generator().manual_seed(0),
+                                  task.resolve(Dalle2SampleOptions(prompt="a red circle")))
     assert cond["image_embed"].shape == (2, 24)
-    assert task.sample(cond, torch.Generator().manual_seed(0), 2).shape == (2, 3, 16, 16)
+    assert task.sample(cond, torch.Generator().manual_seed(0), 2, task.resolve()).shape == (2, 3, 16, 16)
 
 
 def test_sample_cli_makes_variations_of_an_image_and_runs_part_of_the_cascade(tmp_path):

@@ -21,6 +21,7 @@ from genforge.app.config import config_from_dict, load_config
 from genforge.app.runs import build_task, make_trainer
 from genforge.core.random import BatchRandom
 from genforge.nn.unet import AttentionBlock
+from genforge.families.dalle2_decoder.config import Dalle2SampleOptions
 
 PRESET = "dalle2-decoder-debug"
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "runs-3f8e24e" / "dalle2_decoder"
@@ -138,12 +139,13 @@ def test_the_base_stage_samples_with_dynamic_thresholding():
         for p in task.cascade[0].parameters():
             p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
     task.eval()
-    cond = task.sample_conditions(2, torch.Generator().manual_seed(0))
-    dynamic = task.sample(cond, torch.Generator().manual_seed(0), 2, stop_stage=1)
+    cond = task.sample_conditions(2, torch.Generator().manual_seed(0), task.resolve())
+    dynamic = task.sample(cond, torch.Generator().manual_seed(0), 2, task.resolve(Dalle2SampleOptions(stop_stage=1)))
     _, static_task = _task("model.stages.0.diffusion.dynamic_threshold=null")
     static_task.load_state_dict(task.state_dict())
     static_task.eval()
-    static = static_task.sample(cond, torch.Generator().manual_seed(0), 2, stop_stage=1)
+    static = static_task.sample(cond, torch.Generator().manual_seed(0), 2,
+                                static_task.resolve(Dalle2SampleOptions(stop_stage=1)))
     assert not torch.equal(dynamic, static)
 
 
@@ -232,7 +234,8 @@ def test_data_embeddings_are_normalised_like_the_embedders(tmp_path, normalize):
     batch["rng"] = BatchRandom(0, 0, 0, len(stored), 0, len(stored))
     task.loss(batch, "unet1", 0)
     task.eval()
-    task.sample({"image_embed": stored[:2]}, torch.Generator().manual_seed(0), 2, stop_stage=1)
+    task.sample({"image_embed": stored[:2]}, torch.Generator().manual_seed(0), 2,
+                task.resolve(Dalle2SampleOptions(stop_stage=1)))
     expected = torch.nn.functional.normalize(stored, dim=-1) if normalize else stored
     assert torch.allclose(seen[0], expected, atol=1e-6)
     # every sampling step (guided: the batch twice, the second half with the null embedding selected by image_keep)

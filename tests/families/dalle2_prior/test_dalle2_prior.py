@@ -35,6 +35,7 @@ from genforge.eval.embedding_metrics import prior_similarities, unrelated_rows
 from genforge.families.dalle2_prior.model import PriorNetwork
 from genforge.families.dalle2_prior.task import Dalle2PriorTask, rerank
 from genforge.text.tiny import TinyTextEncoder
+from genforge.families.dalle2_decoder.config import Dalle2SampleOptions
 
 runner = CliRunner()
 CLIP_RUN = Path(tempfile.gettempdir()) / f"genforge-test-prior-clip-{os.getpid()}"
@@ -67,10 +68,10 @@ class TestContract(FamilyContract):
         """A prior samples unit-norm image embeddings [n, D], reproducibly."""
         _, task, _ = self.build()
         task.eval()
-        cond = task.sample_conditions(2, torch.Generator().manual_seed(0))
-        out = task.sample(cond, torch.Generator().manual_seed(0), n=2)
+        cond = task.sample_conditions(2, torch.Generator().manual_seed(0), task.resolve())
+        out = task.sample(cond, torch.Generator().manual_seed(0), 2, task.resolve())
         assert out.shape == (2, task.embed_dim) and torch.allclose(out.norm(dim=-1), torch.ones(2), atol=1e-5)
-        again = task.sample(cond, torch.Generator().manual_seed(0), n=2)
+        again = task.sample(cond, torch.Generator().manual_seed(0), 2, task.resolve())
         assert torch.equal(out, again)
 
 
@@ -156,7 +157,7 @@ def test_a_trained_prior_opens_and_evaluates(tmp_path):
     assert (tmp_path / "prior" / "samples" / "step-000002.png").is_file()  # nearest held-out images
     run = load_run(tmp_path / "prior")
     gen = torch.Generator().manual_seed(0)
-    cond = run.task.sample_conditions(4, gen)
+    cond = run.task.sample_conditions(4, gen, run.task.resolve())
     assert {"text", "image_embed", "caption_embed", "label"} <= set(cond)
 
 
@@ -288,13 +289,15 @@ def test_text_to_image_through_the_prior_and_the_decoder(tmp_path):
     assert result.exit_code == 0, result.output
     decoder, prior = load_run(tmp_path / "dec").task, load_run(tmp_path / "prior").task
     gen = torch.Generator().manual_seed(0)
-    cond = decoder.sample_conditions(4, gen, prior=prior)
+    cond = decoder.sample_conditions(4, gen, decoder.resolve(Dalle2SampleOptions(prior=prior)))
     assert {"text", "label", "image_embed"} <= set(cond) and "image" not in cond
     expected = prior.image_embeds_for(cond["text"], torch.Generator().manual_seed(0))
     assert torch.equal(cond["image_embed"], expected)  # the prior's draws, in caption order
-    shortcut = decoder.sample_conditions(4, torch.Generator().manual_seed(0), from_captions=True)
+    shortcut = decoder.sample_conditions(4, torch.Generator().manual_seed(0),
+                                         decoder.resolve(Dalle2SampleOptions(from_captions=True)))
     assert torch.allclose(shortcut["image_embed"], prior.text_embeds(shortcut["text"]), atol=1e-5)
-    images = decoder.sample(cond, torch.Generator().manual_seed(0), 4, prior=prior)
+    images = decoder.sample(cond, torch.Generator().manual_seed(0), 4,
+                            decoder.resolve(Dalle2SampleOptions(prior=prior)))
     assert images.shape == (4, 3, 16, 16)
     api = genforge.load_run(tmp_path / "dec", device="cpu")  # the Python API: a path or an opened run
     by_path = api.sample(n=2, prompt="a large red circle", prior=str(tmp_path / "prior"), steps=2)

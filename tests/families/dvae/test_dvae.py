@@ -192,12 +192,12 @@ def test_logs_and_preview_rows():
     assert 0 < logs["codebook_usage"] <= 1 and 1 <= logs["codebook_perplexity"] <= 32
     task.eval()
     gen = torch.Generator().manual_seed(0)
-    cond = task.sample_conditions(4, gen)
-    grid, nrow = task.preview(cond, task.sample(cond, gen, 4))
+    cond = task.sample_conditions(4, gen, task.resolve())
+    grid, nrow = task.preview(cond, task.sample(cond, gen, 4, task.resolve()))
     assert nrow == 4 and grid.shape == (12, 3, 16, 16)  # originals, hard, soft
     assert torch.equal(grid[4:8], task.reconstruct(cond["image"]).clamp(-1, 1))
     online = -task.reconstruct(cond["image"]).clamp(-1, 1)  # what the trainer hands in: the online weights' samples
-    with_online, _ = task.preview({**cond, "online": online}, task.sample(cond, gen, 4))
+    with_online, _ = task.preview({**cond, "online": online}, task.sample(cond, gen, 4, task.resolve()))
     assert with_online.shape == (16, 3, 16, 16) and torch.equal(with_online[:12], grid)
     assert torch.equal(with_online[12:], online)
 

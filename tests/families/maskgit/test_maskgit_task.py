@@ -14,6 +14,7 @@ from genforge.data.loader import build_dataset, collate, data_info
 from genforge.core.random import BatchRandom
 from genforge.masked import task as task_module
 from genforge.masked.masking import guided_logits
+from genforge.masked.config import MaskedSampleOptions
 
 runner = CliRunner()
 
@@ -104,8 +105,9 @@ def test_sampling_guides_the_logits_with_the_unconditional_or_negative_branch(mo
     opts = {"prompt": "a large red circle", "cfg_scale": 3.0}
     if negative:
         opts["negative_prompt"] = negative
-    cond = task.sample_conditions(2, gen, **opts)
-    task.sample(cond, gen, 2, **opts)
+    options = task.resolve(MaskedSampleOptions(**opts))
+    cond = task.sample_conditions(2, gen, options)
+    task.sample(cond, gen, 2, options)
     ids = torch.randint(0, 65, (2, 64))
     keep = torch.zeros(2, dtype=torch.bool)
     with torch.no_grad():
@@ -127,16 +129,17 @@ def test_decoding_temperatures_come_from_the_options_or_the_config(monkeypatch):
 
     monkeypatch.setattr(task_module, "decode", spy)
     gen = torch.Generator().manual_seed(0)
-    cond = task.sample_conditions(2, gen, prompt="a large red circle")
-    task.sample(cond, gen, 2)  # the config's: model.temperature 1.0, model.choice_temperature 4.5
-    task.sample(cond, gen, 2, temperature=0.5, choice_temperature=0.0)  # --temperature 0.5 --choice-temperature 0
+    cond = task.sample_conditions(2, gen, task.resolve(MaskedSampleOptions(prompt="a large red circle")))
+    task.sample(cond, gen, 2, task.resolve())  # the config's: model.temperature 1.0, model.choice_temperature 4.5
+    given = task.resolve(MaskedSampleOptions(temperature=0.5, choice_temperature=0.0))  # --temperature 0.5 ...
+    task.sample(cond, gen, 2, given)
     assert seen == [(task.cfg.temperature, task.cfg.choice_temperature), (0.5, 0.0)]
-    assert task.sampler_settings(temperature=0.5, choice_temperature=0.0)["choice_temperature"] == 0.0  # recorded
+    assert task.sampler_settings(given)["choice_temperature"] == 0.0  # recorded
 
 
 def test_heldout_prompts_carry_their_labels_for_the_judge():
     _, task, _ = _task_and_batch()
-    cond = task.sample_conditions(6, torch.Generator().manual_seed(0))
+    cond = task.sample_conditions(6, torch.Generator().manual_seed(0), task.resolve())
     from genforge.data.shapes import class_name
 
     assert len(cond["text"]) == 6 and cond["label"].shape == (6,)

@@ -32,6 +32,7 @@ from genforge.families.phenaki.model import VideoMaskTransformer
 from genforge.families.phenaki.task import PhenakiTask
 from genforge.nn.embeddings import apply_rotary
 from genforge.tokenizers.standins import ColourQuantizerCodec
+from genforge.families.phenaki.config import PhenakiSampleOptions
 
 runner = CliRunner()
 
@@ -91,11 +92,11 @@ def test_rotary_positions_make_attention_see_offsets_between_tokens():
 def test_sampled_clips_have_the_asked_number_of_frames():
     task = task_of().eval()
     gen = torch.Generator().manual_seed(0)
-    cond = task.sample_conditions(2, gen, prompt="a red circle moving left")
-    assert task.sample(cond, gen, 2).shape == (2, 3, 5, 16, 16)  # data.video.num_frames
-    assert task.sample(cond, gen, 2, frames=9).shape == (2, 3, 9, 16, 16)
+    cond = task.sample_conditions(2, gen, task.resolve(PhenakiSampleOptions(prompt="a red circle moving left")))
+    assert task.sample(cond, gen, 2, task.resolve()).shape == (2, 3, 5, 16, 16)  # data.video.num_frames
+    assert task.sample(cond, gen, 2, task.resolve(PhenakiSampleOptions(frames=9))).shape == (2, 3, 9, 16, 16)
     with pytest.raises(ValueError, match="1 \\+ k·2 frames"):
-        task.sample(cond, gen, 2, frames=8)
+        task.sample(cond, gen, 2, task.resolve(PhenakiSampleOptions(frames=8)))
 
 
 def test_story_mode_continues_each_clip_from_the_re_encoded_end_of_the_last(monkeypatch):
@@ -108,12 +109,12 @@ def test_story_mode_continues_each_clip_from_the_re_encoded_end_of_the_last(monk
     initials = []
     real_decode = masked_task.decode
     monkeypatch.setattr(masked_task, "decode", lambda *a, **kw: initials.append(kw["initial"]) or real_decode(*a, **kw))
-    cond = task.sample_conditions(2, torch.Generator(), story=story)
+    cond = task.sample_conditions(2, torch.Generator(), task.resolve(PhenakiSampleOptions(story=story)))
     assert cond["text"] == [" / ".join(story)] * 2
-    video = task.sample(cond, torch.Generator().manual_seed(0), 2, story=story)
+    video = task.sample(cond, torch.Generator().manual_seed(0), 2, task.resolve(PhenakiSampleOptions(story=story)))
     assert video.shape == (2, 3, 5 + 2 * (5 - carried_frames), 16, 16)
     assert len(initials) == len(story) and initials[0] is None
-    first = task.sample(Batch(text=[story[0]] * 2), torch.Generator().manual_seed(0), 2)
+    first = task.sample(Batch(text=[story[0]] * 2), torch.Generator().manual_seed(0), 2, task.resolve())
     assert torch.equal(video[:, :, :5], first)  # chapter 1 is the plain clip of the first prompt
     for chapter, initial in enumerate(initials[1 : len(story)], start=1):  # the tokens of the story's last carried frames
         end = 5 + (chapter - 1) * (5 - carried_frames)
@@ -121,7 +122,8 @@ def test_story_mode_continues_each_clip_from_the_re_encoded_end_of_the_last(monk
         assert torch.equal(initial[:, : known.shape[1]], known)
         assert (initial[:, known.shape[1] :] == task.model.mask_id).all()
     with pytest.raises(ValueError, match="--story and --prompt"):
-        task.sample_conditions(2, torch.Generator(), story=story, prompt="a red circle")
+        options = task.resolve(PhenakiSampleOptions(story=story, prompt="a red circle"))
+        task.sample_conditions(2, torch.Generator(), options)
 
 
 def test_frame_ordered_training_masks_count_what_they_score_over_the_global_batch():
@@ -154,7 +156,8 @@ def test_decoding_token_frames_in_order_decodes_each_frame_given_the_earlier_one
     monkeypatch.setattr(masked_task, "decode", lambda *a, **kw: calls.append(
         (kw["initial"], kw["generate"])) or real_decode(*a, **kw))
     gen = torch.Generator().manual_seed(0)
-    clips = task.sample(task.sample_conditions(2, gen, prompt="a red circle moving left"), gen, 2)
+    options = task.resolve(PhenakiSampleOptions(prompt="a red circle moving left"))
+    clips = task.sample(task.sample_conditions(2, gen, options), gen, 2, options)
     assert clips.shape == (2, 3, 5, 16, 16) and len(calls) == 3
     mask_id = task.model.mask_id
     for frame, (initial, region) in enumerate(calls):
@@ -162,7 +165,8 @@ def test_decoding_token_frames_in_order_decodes_each_frame_given_the_earlier_one
         assert (initial.view(2, 3, 64)[:, frame:] == mask_id).all()  # this frame and the later ones masked
         assert (initial.view(2, 3, 64)[:, :frame] != mask_id).all()  # the earlier ones decoded
     calls.clear()
-    task.sample(task.sample_conditions(2, gen, prompt="a red circle"), gen, 2, decode_order="parallel")
+    options = task.resolve(PhenakiSampleOptions(prompt="a red circle", decode_order="parallel"))
+    task.sample(task.sample_conditions(2, gen, options), gen, 2, options)
     assert len(calls) == 1 and calls[0] == (None, None)  # MaskGIT's order: one decode of every position
 
 
@@ -173,15 +177,15 @@ def test_a_prime_starts_the_clip_through_the_tokenizer_and_the_rest_is_generated
     prime = torch.rand(1, 3, 4, 16, 16) * 2 - 1  # 4 frames: the last 3 (1 + 2) are kept, 2 frames generated
     assert task.prime_length(4, 5) == 3 and task.prime_length(9, 5) == 3 and task.prime_length(1, 5) == 1
     gen = torch.Generator().manual_seed(0)
-    cond = task.sample_conditions(2, gen, prompt="a red circle moving left")
-    video = task.sample(cond, gen, 2, prime=prime)
+    cond = task.sample_conditions(2, gen, task.resolve(PhenakiSampleOptions(prompt="a red circle moving left")))
+    video = task.sample(cond, gen, 2, task.resolve(PhenakiSampleOptions(prime=prime)))
     assert video.shape == (2, 3, 5, 16, 16)
     codec = task.token_codec
     reconstructed = codec.decode(codec.encode(prime[:, :, -3:]))  # [1, 3, 3, 16, 16]
     assert torch.equal(video[:, :, :3], reconstructed.expand(2, -1, -1, -1, -1).clamp(-1, 1))
-    assert task.sampler_settings(prime=prime)["prime_frames"] == 3
+    assert task.sampler_settings(task.resolve(PhenakiSampleOptions(prime=prime)))["prime_frames"] == 3
     with pytest.raises(ValueError, match="carried frames"):
-        task.sample(cond, gen, 2, prime=prime, frames=1)  # a 1-frame clip leaves nothing to generate
+        task.sample(cond, gen, 2, task.resolve(PhenakiSampleOptions(prime=prime, frames=1)))  # nothing to generate
     clip = MovingShapesDataset(1, 16, 4, textured_fraction=0.0)[0]["video"]  # [3, 4, 16, 16]: a few flat colours
     path = tmp_path / "prime.gif"
     write_video(((clip.permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy(), path)
@@ -197,7 +201,8 @@ def test_story_chapters_set_their_own_frames_and_carried_frames():
     chapters = task.chapters(lines, 5)
     assert [(c.frames, c.carried) for c in chapters] == [(5, None), (9, 3), (7, 3)]  # 9 frames: 5 token frames, 2 carried
     gen = torch.Generator().manual_seed(0)
-    video = task.sample(task.sample_conditions(2, gen, story=lines), gen, 2, story=lines)
+    options = task.resolve(PhenakiSampleOptions(story=lines))
+    video = task.sample(task.sample_conditions(2, gen, options), gen, 2, options)
     assert video.shape == (2, 3, 5 + (9 - 3) + (7 - 3), 16, 16)
     for bad, message in [(["a | x"], "expected 'prompt'"), (["a | 5 | 1"], "first chapter carries no frames"),
                          (["a", "b | 6"], "1 \\+ k·2 frames"), (["a", "b | 5 | 2"], "1 \\+ k·2"),
@@ -208,7 +213,7 @@ def test_story_chapters_set_their_own_frames_and_carried_frames():
 
 def test_default_prompts_are_held_out_captions_with_labels_and_directions():
     task = task_of()
-    cond = task.sample_conditions(6, torch.Generator().manual_seed(0))
+    cond = task.sample_conditions(6, torch.Generator().manual_seed(0), task.resolve())
     assert len(cond["text"]) == 6 and cond["label"].shape == (6,) and cond["direction"].shape == (6,)
     assert all(text.endswith("moving " + DIRECTIONS[d]) for text, d in zip(cond["text"], cond["direction"].tolist()))
 
@@ -326,13 +331,13 @@ def test_token_critic_as_a_second_phase_leaves_the_generator_unchanged_and_learn
 def test_sampling_with_and_without_the_critic(tmp_path):
     task = task_of("model.critic.depth=1").eval()
     gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
-    cond = task.sample_conditions(2, gen(), prompt="a red circle moving left")
-    assert task.sampler_settings()["critic"] is True
-    with_critic = task.sample(cond, gen(), 2)
-    without = task.sample(cond, gen(), 2, critic=False)
+    cond = task.sample_conditions(2, gen(), task.resolve(PhenakiSampleOptions(prompt="a red circle moving left")))
+    assert task.sampler_settings(task.resolve())["critic"] is True
+    with_critic = task.sample(cond, gen(), 2, task.resolve())
+    without = task.sample(cond, gen(), 2, task.resolve(PhenakiSampleOptions(critic=False)))
     assert with_critic.shape == without.shape == (2, 3, 5, 16, 16) and not torch.equal(with_critic, without)
     with pytest.raises(ValueError, match="no token critic"):
-        task_of().sampler_settings(critic=True)
+        task_of().resolve(PhenakiSampleOptions(critic=True))
     out = runner.invoke(app, ["eval", str(tmp_path), "--critic"])
     assert out.exit_code == 2
 
