@@ -76,7 +76,7 @@ def check(preset: str, overrides: list[str], repeats: int, device: str) -> str:
     loss_diff = max(abs(a - b) for a, b in zip(losses, eager_losses))
     grad_diff = max((grads[k] - eager_grads[k]).abs().max().item() for k in grads)
     sampled = "-"
-    if compiled.makes_samples:
+    if compiled.traits.makes_samples:
         compiled.eval()
         gen = torch.Generator(device).manual_seed(0)
         with torch.no_grad():

@@ -82,7 +82,7 @@ class FamilyContract:
 
     def test_sample_shape_and_range(self):
         cfg, task, _ = self.build()
-        if not task.makes_samples:  # an embedding model (clip): nothing to sample
+        if not task.traits.makes_samples:  # an embedding model (clip): nothing to sample
             return
         task.eval()
         gen = torch.Generator().manual_seed(0)

@@ -30,7 +30,7 @@ def test_stable_surface_is_frozen():
     assert {"--set", "--run-dir", "--dry-run", "--fresh"} <= _options("train")
     assert {"--n", "--out", "--seed", "--steps", "--cfg-scale", "--label", "--prompt", "--precision",
             "--compile"} <= _options("sample")
-    # the families' own sampling options (FamilyConfig.sample_options), which the CLI parses and --help lists
+    # the families' own sampling options (FamilyTraits.sample_options), which the CLI parses and --help lists
     declared = {"--" + option.name.replace("_", "-") for option in family_sample_options()}
     assert {"--image", "--start-stage", "--stop-stage", "--frames", "--story", "--critic", "--temperature",
             "--choice-temperature"} <= declared
@@ -49,7 +49,7 @@ def test_sampling_flags_are_generated_from_the_options_models():
     and with a run it lists that family's options only."""
     sample, evaluate = _options("sample"), _options("eval")
     for _, spec in FAMILIES.items():
-        for name, field in spec.config.sample_options.model_fields.items():
+        for name, field in spec.traits.sample_options.model_fields.items():
             flag = "--" + name.replace("_", "-")
             assert flag in sample
             assert (flag in evaluate) == bool((field.json_schema_extra or {}).get("eval")), flag

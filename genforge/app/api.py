@@ -22,6 +22,7 @@ from genforge.app import runs
 from genforge.app.config import RunConfig, config_from_dict, load_config
 from genforge.core.config import ConfigError, SampleOptions
 from genforge.core.precision import check_precision
+from genforge.core.registry import FAMILIES
 from genforge.core.task import Batch, Task
 from genforge.data.images import center_crop_resize, load_rgb, to_pil, to_tensor
 from genforge.data.video import read_frames, resize_crop_frames
@@ -142,7 +143,7 @@ def _read(kind: str, value: Any, config: RunConfig, name: str) -> Any:
 
 
 def sampling_options(config: RunConfig, command: str = "sample", spell: Spell = str, **given: Any) -> SampleOptions:
-    """The run's family's options object (`config.model.sample_options`, the common options included) of the
+    """The run's family's options object (its traits' `sample_options`, the common options included) of the
     keyword arguments `given` (None: not given), validated, with the files `read: image` / `video` / `lines`
     options name read (a tensor, a list of prompts; a PIL image, a tensor or a list given instead is taken as it
     is) and the runs `read: run` options name opened (`read_run`). The task fills in the config's defaults
@@ -151,7 +152,8 @@ def sampling_options(config: RunConfig, command: str = "sample", spell: Spell = 
     given = {k: v for k, v in given.items() if v is not None}
     options = _check_names(config, given, command, spell)
     loaded = {k: v for k, v in given.items() if options[k].read and not isinstance(v, (str, Path))}
-    checked = _validated(config.model.sample_options, {k: v for k, v in given.items() if k not in loaded}, spell)
+    family_options = FAMILIES.get(config.model.family).traits.sample_options
+    checked = _validated(family_options, {k: v for k, v in given.items() if k not in loaded}, spell)
     read = {k: _read(options[k].read, loaded.get(k, getattr(checked, k)), config, spell(k))
             for k in given if options[k].read}
     return checked.model_copy(update=read)

@@ -57,19 +57,20 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
         source_of(self.data)  # a registered source (its own checks ran with the data section's)
-        if self.train.sharding == "fsdp" and self.model.no_sharding:
-            raise ValueError(f"train.sharding=fsdp: model.family={self.model.family} {self.model.no_sharding}; train it "
+        traits = FAMILIES.get(self.model.family).traits
+        if self.train.sharding == "fsdp" and traits.no_sharding:
+            raise ValueError(f"train.sharding=fsdp: model.family={self.model.family} {traits.no_sharding}; train it "
                              "with train.sharding=none (DDP)")
-        if self.train.compile and self.model.no_compile:
-            raise ValueError(f"train.compile=true: model.family={self.model.family} {self.model.no_compile}; train it "
+        if self.train.compile and traits.no_compile:
+            raise ValueError(f"train.compile=true: model.family={self.model.family} {traits.no_compile}; train it "
                              "with train.compile=false")
-        if self.train.sample_frames is not None and "frames" not in self.model.sample_options.model_fields:
+        if self.train.sample_frames is not None and "frames" not in traits.sample_options.model_fields:
             raise ValueError(f"train.sample_frames: a {self.model.family} model does not make clips of a chosen "
                              "length (a video generator such as phenaki does)")
         if self.eval.metrics is None:
-            self.eval.metrics = list(self.model.default_metrics)
+            self.eval.metrics = list(traits.metrics)
         try:
-            check_metrics(self.eval.metrics, self.model.roles)
+            check_metrics(self.eval.metrics, traits.roles)
         except ValueError as err:
             raise ValueError(f"eval.metrics: {err} (model.family={self.model.family})") from None
         if self.train.keep_best is not None:

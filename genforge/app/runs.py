@@ -32,19 +32,19 @@ from genforge.engine.verify import expected_tensors, newest_usable, read_weights
 from genforge.engine.trainer import Trainer, TrainingRun
 from genforge.nn.frozen import Frozen
 
-# which families' runs make each kind of codes, from the roles their configs declare (genforge.eval.metrics)
+# which families' runs make each kind of codes, from the roles they declare (genforge.eval.metrics)
 MAKES_CODES = {"latent": lambda roles: "tokenizer" in roles and "discrete" not in roles,
                "tokens": lambda roles: "discrete" in roles, "image_embed": lambda roles: "embedder" in roles}
 
 
 def codec_families() -> list[str]:
     """The families whose runs hand out a codec (tokenizers and image embedders)."""
-    return [name for name, spec in FAMILIES.items() if any(makes(spec.config.roles) for makes in MAKES_CODES.values())]
+    return [name for name, spec in FAMILIES.items() if any(makes(spec.traits.roles) for makes in MAKES_CODES.values())]
 
 
 def runs_making(kind: str) -> str:
     """'a klvae run', 'a vqgan, dvae or cvivit run', ...: runs whose codec makes `kind` codes, for messages."""
-    names = [name for name, spec in FAMILIES.items() if MAKES_CODES[kind](spec.config.roles)]
+    names = [name for name, spec in FAMILIES.items() if MAKES_CODES[kind](spec.traits.roles)]
     return "a " + (" or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]) + " run"
 
 
@@ -64,7 +64,7 @@ def build_task(cfg: RunConfig, info: DataInfo | None = None, device: torch.devic
         codecs = {field: load_input_codec(run, field, cfg.model.family, info, cfg.data.path)
                   for field, run in cfg.model.input_runs().items()}
         ctx = BuildContext(cfg.data, info, codecs, heldout=HeldOutData(cfg.data), pixel_data=image_data(cfg.data))
-        task = FAMILIES.get(cfg.model.family).builder()(cfg.model, ctx)
+        task = FAMILIES.get(cfg.model.family).build_task(cfg.model, ctx)
     task.input_references = {field: codec_reference(codec_info) for field, (_, codec_info) in codecs.items()
                              if codec_info.source == "diffusers"}
     if cfg.model.grad_checkpointing:
@@ -132,12 +132,12 @@ class SamplingOption:
 
 def sample_options(command: str | None = None) -> list[SamplingOption]:
     """Every sampling option, once each: the common ones (SampleOptions), then those the registered families add
-    (FamilyConfig.sample_options) in registration order; `command` "eval": those evaluation takes too
+    (their traits' sample_options) in registration order; `command` "eval": those evaluation takes too
     (`SamplingOption.for_eval`)."""
     every = tuple(name for name, _ in FAMILIES.items())
     found = {name: SamplingOption(name, field, every) for name, field in SampleOptions.model_fields.items()}
     for family, spec in FAMILIES.items():
-        for name, field in spec.config.sample_options.model_fields.items():
+        for name, field in spec.traits.sample_options.model_fields.items():
             known = found.get(name)
             if known is None or not known.common:
                 found[name] = SamplingOption(name, field, (known.families if known else ()) + (family,))

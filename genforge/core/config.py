@@ -394,7 +394,7 @@ class LogConfig(StrictModel):
 class SampleOptions(StrictModel):
     """The sampling options every family takes, declared once: `genforge sample` / `genforge eval` make a flag of each
     field (cfg_scale -> --cfg-scale; a bool -> --name/--no-name) and `Run.sample` / `Run.evaluate` a keyword; a
-    family's subclass adds its own (`FamilyConfig.sample_options`). Unset (None) options take the run's config
+    family's subclass adds its own (its `FamilyTraits.sample_options`). Unset (None) options take the run's config
     defaults in the task's `resolve`, which hands the task one object. A field's `json_schema_extra` may say `read:
     image` (the value names an image file, read and resized like the training images: a tensor [1, C, S, S] in
     [-1, 1] replaces it), `read: video` (a clip [1, C, T, S, S]), `read: lines` (a text file: its non-empty lines)
@@ -441,11 +441,6 @@ class FamilyConfig(StrictModel):
     grad_checkpointing: Annotated[bool, OnResume.CHANGE] = Field(
         False, description="recompute each block's activations in backward instead of keeping them: less memory, "
                            "one more forward per step")
-    default_metrics: ClassVar[tuple[str, ...]] = ()
-    roles: ClassVar[tuple[str, ...]] = ("generator",)  # tokenizers: ("tokenizer",), discrete ones + "discrete"
-    sample_options: ClassVar[type[SampleOptions]] = SampleOptions  # its own `genforge sample` options
-    no_sharding: ClassVar[str] = ""  # why train.sharding=fsdp cannot shard this family's model (empty: it can)
-    no_compile: ClassVar[str] = ""  # why train.compile cannot compile this family's blocks (empty: it can)
 
     def takes_prompts(self) -> bool:
         """Whether `genforge sample --prompt` applies (text-conditioned models)."""

@@ -3,7 +3,6 @@ handed (`BuildContext`), and `register_family`, which a family's package calls w
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -12,7 +11,7 @@ from genforge.core.config import DataConfig, FamilyConfig
 from genforge.core.errors import ConfigError
 from genforge.core.export import Exporter, Importer
 from genforge.core.registry import FAMILIES
-from genforge.core.task import HeldOut
+from genforge.core.task import FamilyTraits, HeldOut, Task, resolve_named
 
 
 @dataclass(frozen=True)
@@ -54,10 +53,17 @@ class FamilySpec:
     codec_loaders: dict[str, Callable[[Path], Any] | str] = field(default_factory=dict, hash=False)
     # a source format (a diffusers class name, or e.g. "dit-checkpoint") -> importer (`genforge import`)
     importers: dict[str, Importer | str] = field(default_factory=dict, hash=False)
+    traits: FamilyTraits = FamilyTraits()  # roles, metrics, sampling options, blocks, capabilities
+
+    def build_task(self, config: Any, ctx: BuildContext) -> Task:
+        """The family's task of `config` (its model section), with the family's traits."""
+        task = self.builder()(config, ctx)
+        task.traits = self.traits
+        return task
 
     def builder(self) -> Callable[[Any, BuildContext], Any]:
         """The builder, imported on first use when it is named by a string."""
-        return _resolve(self.build)
+        return resolve_named(self.build)
 
     def exporter(self, target: str) -> Exporter:
         """The exporter to `target` (imported on first use when named by a string); ConfigError naming the
@@ -66,40 +72,35 @@ class FamilySpec:
             others = [name for name, spec in FAMILIES.items() if target in spec.exporters]
             raise ConfigError(f"model.family={self.name} runs do not export to {target!r}; the families that do: "
                               f"{', '.join(others) or 'none'}")
-        return _resolve(self.exporters[target])
+        return resolve_named(self.exporters[target])
 
     def codec_loader(self, class_name: str) -> Callable[[Path], Any]:
         """The loader of diffusers `class_name` folders (imported on first use when named by a string)."""
-        return _resolve(self.codec_loaders[class_name])
+        return resolve_named(self.codec_loaders[class_name])
 
     def importer(self, source_format: str) -> Importer:
         """The importer of `source_format` (imported on first use when named by a string)."""
-        return _resolve(self.importers[source_format])
-
-
-def _resolve(entry: Callable[..., Any] | str) -> Callable[..., Any]:
-    """A callable, or the one a "package.module:attribute" string names (imported now)."""
-    if not isinstance(entry, str):
-        return entry
-    module, _, attribute = entry.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+        return resolve_named(self.importers[source_format])
 
 
 def register_family(config: type[FamilyConfig], build: Callable[[Any, BuildContext], Any] | str,
                     presets: Path | None = None, aliases: tuple[str, ...] = (),
                     exporters: dict[str, Exporter | str] | None = None,
                     codec_loaders: dict[str, Callable[[Path], Any] | str] | None = None,
-                    importers: dict[str, Importer | str] | None = None) -> FamilySpec:
+                    importers: dict[str, Importer | str] | None = None,
+                    traits: FamilyTraits = FamilyTraits()) -> FamilySpec:
     """Register a family under the name its config's `family` field defaults to; `aliases` are former names that
     configs and run directories may still use (`canonical_family`); `exporters` maps a target format
     ("diffusers") to the family's exporter (genforge.core.export.Exporter); `codec_loaders` maps a diffusers model
     class ("AutoencoderKL") to a function that reads a save_pretrained folder of it into the family's frozen codec;
-    `importers` maps a source format to the function that reads it into a run (genforge.core.export.Importer)."""
+    `importers` maps a source format to the function that reads it into a run (genforge.core.export.Importer);
+    `traits` is everything else the family is (roles, default metrics, sampling options, block types, what it
+    previews, capabilities), declared here once."""
     name = config.model_fields["family"].default
     if not isinstance(name, str):
         raise ValueError(f"{config.__name__}.family needs a default: the family's name")
     return FAMILIES.register(name, FamilySpec(name, config, build, presets, tuple(aliases), dict(exporters or {}),
-                                              dict(codec_loaders or {}), dict(importers or {})))
+                                              dict(codec_loaders or {}), dict(importers or {}), traits))
 
 
 def export_targets() -> list[str]:

@@ -8,6 +8,8 @@ with its own optimizer.
 from __future__ import annotations
 
 import functools
+import importlib
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Protocol, TypedDict
 
@@ -37,7 +39,7 @@ class Batch(TypedDict, total=False):
     latent: Tensor  # [B, C, h, w]
     tokens: Tensor  # long [B, N]
     key: list[str]  # sample ids, for skip reports and caches
-    global_batch: dict[str, Tensor]  # Task.global_fields of every sample of the optimizer step (`global_rows`)
+    global_batch: dict[str, Tensor]  # the traits' global_fields of every sample of the optimizer step (`global_rows`)
 
 
 class HeldOut(Protocol):
@@ -54,18 +56,53 @@ class HeldOut(Protocol):
         (`label`) and motion directions (`direction`) the data has (DataSource.preview_conditions)."""
 
 
-class Task(nn.Module):
-    """Base class of every family's task: a loss per phase, a sampler, and its own schedule state."""
+@dataclass(frozen=True)
+class FamilyTraits:
+    """What a family is, declared once when it registers (`register_family(..., traits=...)`) and handed to each
+    task it builds (`Task.traits`): what the application, the evaluation and the engine ask of it besides its
+    config. Shared layers declare the traits their families start from (tokenizers.config.TOKENIZER_TRAITS,
+    masked.config.MASKED_TRAITS) and a family changes what differs (`but`)."""
 
-    phases: tuple[str, ...] = ("main",)
-    # the classes of the blocks its networks stack: train.sharding=fsdp shards them one by one, and
-    # model.grad_checkpointing recomputes their activations in backward
-    block_types: tuple[type[nn.Module], ...] = ()
+    # what it is, for the metrics that apply (genforge.eval.metrics) and the codes its runs hand out: "generator";
+    # "tokenizer" (+ "discrete" for token ids); "embedder"
+    roles: tuple[str, ...] = ("generator",)
+    metrics: tuple[str, ...] = ()  # eval.metrics by default
+    sample_options: type[SampleOptions] = SampleOptions  # its `genforge sample` options: the common ones + its own
+    # the classes of the blocks its networks stack (classes, or "module:Class" imported on first use):
+    # train.sharding=fsdp shards them one by one, train.compile compiles them, model.grad_checkpointing recomputes them
+    block_types: tuple[type[nn.Module] | str, ...] = ()
     makes_samples: bool = True  # False: nothing to preview or sample (an embedding model such as clip)
+    preview_online: bool = False  # True: training previews also get sample() of the online weights, cond["online"]
     # batch fields whose rows for the whole global batch the loss needs (a normaliser over every sample of the
     # step, e.g. the real frames of padded clips): the trainer gathers them over accumulation steps and processes
     global_fields: tuple[str, ...] = ()
-    preview_online: bool = False  # True: training previews also get sample() of the online weights, cond["online"]
+    no_sharding: str = ""  # why train.sharding=fsdp cannot shard its model (empty: it can)
+    no_compile: str = ""  # why train.compile cannot compile its blocks (empty: it can)
+
+    def but(self, **changes: Any) -> "FamilyTraits":
+        """These traits with `changes`."""
+        return replace(self, **changes)
+
+    def blocks(self) -> tuple[type[nn.Module], ...]:
+        """`block_types` as classes (those named "module:Class" imported now)."""
+        return tuple(resolve_named(block) for block in self.block_types)
+
+
+def resolve_named(entry: Any) -> Any:
+    """`entry`, or the attribute a "package.module:attribute" string names (imported now)."""
+    if not isinstance(entry, str):
+        return entry
+    module, _, attribute = entry.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+class Task(nn.Module):
+    """Base class of every family's task: a loss per phase, a sampler, and its own schedule state. `traits`: what
+    its family declared (set by the family's builder, FamilySpec.build_task; a task built by hand has the
+    defaults); `phases`: the phases this task trains, from its config."""
+
+    phases: tuple[str, ...] = ("main",)
+    traits: FamilyTraits = FamilyTraits()
 
     def phase_names(self) -> tuple[str, ...]:
         """Every phase this task can train; `phases` are those it trains in this run (a cascade trained in part).
@@ -113,16 +150,15 @@ class Task(nn.Module):
         return options.model_dump(exclude_none=True)
 
     def trained_blocks(self) -> list[nn.Module]:
-        """The outermost trained submodules of a class in `block_types` (a transformer's layers, a U-Net's residual
-        and attention blocks, a tokenizer's stages): the units `train.sharding=fsdp` shards one by one (each one's
-        weights gathered only while it runs; without any, the task is one unit) and whose activations
+        """The outermost trained submodules of a class in `traits.block_types` (a transformer's layers, a U-Net's
+        residual and attention blocks, a tokenizer's stages): the units `train.sharding=fsdp` shards one by one
+        (each one's weights gathered only while it runs; without any, the task is one unit) and whose activations
         `model.grad_checkpointing` recomputes."""
-        units: list[nn.Module] = []
-        inside: set[int] = set()
+        block_types, units, inside = self.traits.blocks(), [], set()
         for module in self.modules():
             if id(module) in inside:
                 continue
-            if isinstance(module, self.block_types) and any(p.requires_grad for p in module.parameters()):
+            if isinstance(module, block_types) and any(p.requires_grad for p in module.parameters()):
                 units.append(module)
                 inside.update(id(m) for m in module.modules())
         return units

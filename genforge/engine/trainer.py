@@ -298,7 +298,7 @@ class Trainer:
         acc, tc, step = self.accelerator, self.run.train, self.state.step
         flags: list[Tensor] = []
         micro = tc.batch_size // (tc.grad_accum * acc.num_processes)
-        global_batch = gather_rows(acc, self.task.global_fields, batches, micro)
+        global_batch = gather_rows(acc, self.task.traits.global_fields, batches, micro)
         for phase_index, phase in enumerate(self.task.phases):
             opt = self.state.optimizers[phase]
             self.parallel_task.zero_grad(set_to_none=True)
@@ -431,17 +431,17 @@ class Trainer:
     @torch.no_grad()
     def sample_grid(self) -> Path | None:
         """Preview grid from the EMA weights, written by the main process (a sharded task samples on every rank,
-        with the weights gathered). A task with `preview_online` is also handed the same samples (same conditions
-        and seed) from the online weights as cond["online"] for its preview, e.g. a tokenizer's reconstructions by
-        both beside each other (muse-maskgit-pytorch's trainer)."""
+        with the weights gathered). A task whose traits say `preview_online` is also handed the same samples (same
+        conditions and seed) from the online weights as cond["online"] for its preview, e.g. a tokenizer's
+        reconstructions by both beside each other (muse-maskgit-pytorch's trainer)."""
         main, task, step = self.accelerator.is_main_process, self.task, self.state.step
-        if not (main or self.sharded) or not task.makes_samples:
+        if not (main or self.sharded) or not task.traits.makes_samples:
             return None
         seed, n, device = self.run.train.seed, self.run.train.num_samples, self.accelerator.device
         options = task.preview_options(self.run.train)
         task.eval()
         online = None
-        if task.preview_online:
+        if task.traits.preview_online:
             gen = torch.Generator(device=device).manual_seed(seed)
             with self._full_weights():
                 online = task.sample(task.sample_conditions(n, gen, options), gen, n, options)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
 from genforge.core.config import FamilyConfig, OnResume, SampleOptions, StrictModel
+from genforge.core.task import FamilyTraits
 from genforge.tokenizers.inputs import TokenInputConfig
 from genforge.text.config import TextEncoderConfig
 
@@ -41,12 +42,17 @@ class MaskedSampleOptions(SampleOptions):
                                              json_schema_extra={"eval": True})
 
 
+# what the masked-token generators are (register_family's traits): a stack of MaskTransformerBlocks whose loss
+# normaliser counts the real positions of the whole global batch
+MASKED_TRAITS = FamilyTraits(metrics=("judge",), sample_options=MaskedSampleOptions,
+                             block_types=("genforge.masked.transformer:MaskTransformerBlock",),
+                             global_fields=("frame_mask",))
+
+
 class MaskedTokenConfig(FamilyConfig):
     """The masked-token transformer (MUSE base, Chang et al. 2023), MaskGIT's objective and decoding (Chang et al.
     2022), and the conditioning with dropout for classifier-free guidance: what maskgit and phenaki share."""
 
-    default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
-    sample_options: ClassVar[type[SampleOptions]] = MaskedSampleOptions
     tokens: TokenInputConfig
     codebook_size: int | None = Field(None, gt=1, description="vocabulary; must equal the tokenizer's codebook "
                                                                "size (default: taken from it)")

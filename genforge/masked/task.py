@@ -21,7 +21,7 @@ from genforge.core.random import BatchRandom
 from genforge.core.task import Batch, Task, class_conditions, class_count, global_rows
 from genforge.masked.config import MaskedSampleOptions, MaskedTokenConfig
 from genforge.masked.masking import decode, guided_logits, hidden_count, training_mask
-from genforge.masked.transformer import MaskTransformer, MaskTransformerBlock
+from genforge.masked.transformer import MaskTransformer
 from genforge.nn.frozen import held_on
 from genforge.text.encoders import attach_text_encoder, build_text_encoder, use_cached_text_embeds
 from genforge.tokenizers.standins import build_standin
@@ -42,8 +42,6 @@ class MaskedTokenTask(Task):
     """Trains a `MaskTransformer` to predict masked token ids (cross-entropy on the masked positions only) and
     samples by iterative decoding, then decodes the ids to pixels with the tokenizer."""
 
-    block_types = (MaskTransformerBlock,)
-    global_fields = ("frame_mask",)  # the loss's normaliser counts the real positions of the whole global batch
 
     def __init__(self, cfg: MaskedTokenConfig, ctx: BuildContext) -> None:
         super().__init__()

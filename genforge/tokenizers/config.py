@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from genforge.core.config import DataConfig, FamilyConfig, StrictModel
+from genforge.core.task import FamilyTraits
 
 
 ReconstructionLoss = Literal["l1", "mse", "smooth_l1"]  # mse is L2
@@ -56,11 +57,19 @@ class GANConfig(StrictModel):
         return self
 
 
+# what the tokenizer families are (register_family's traits): their previews show the reconstructions of the EMA
+# and the online weights; the loss of padded clips divides by the real frames of the whole global batch
+TOKENIZER_TRAITS = FamilyTraits(roles=("tokenizer",), metrics=("psnr", "ssim"), preview_online=True,
+                                global_fields=("frame_mask",))
+# the blocks of the diffusers Encoder / Decoder that klvae and vqgan build on
+DIFFUSERS_BLOCKS = tuple(f"diffusers.models.unets.unet_2d_blocks:{name}"
+                         for name in ("DownEncoderBlock2D", "UNetMidBlock2D", "UpDecoderBlock2D"))
+DISCRETE_TOKENIZER_TRAITS = TOKENIZER_TRAITS.but(roles=("tokenizer", "discrete"), metrics=("psnr", "ssim", "codebook"))
+
+
 class TokenizerConfig(FamilyConfig):
     """Base of the tokenizer families' configs."""
 
-    default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim")
-    roles: ClassVar[tuple[str, ...]] = ("tokenizer",)
     reconstruction_loss: ReconstructionLoss = "l1"
     perceptual: PerceptualConfig = PerceptualConfig()
     gan: GANConfig | None = None

@@ -40,8 +40,6 @@ class TokenizerTask(Task):
     """Autoencoder + optional perceptual loss + optional patch discriminator (a second phase)."""
 
     autoencoder: nn.Module
-    preview_online = True  # training previews: reconstructions by the EMA and by the online weights
-    global_fields = ("frame_mask",)  # the loss divides by the real frames of the whole global batch
 
     def __init__(self, cfg: TokenizerConfig, ctx: BuildContext) -> None:
         super().__init__()

@@ -3,6 +3,7 @@ module trains one tiny compiled run and reuses it; benchmarks/compile_families.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
 from genforge.core.config import ConfigError
-from genforge.families.diffusion.config import DiffusionModelConfig
+from genforge.core.registry import FAMILIES
 
 # bf16 and activation checkpointing too: the compiled blocks run under autocast and inside checkpoint()
 COMPILED = ["train.compile=true", "train.precision=bf16", "model.grad_checkpointing=true", "train.steps=4",
@@ -64,7 +65,9 @@ def test_a_compiled_run_trains_as_the_eager_one_and_samples(compiled_runs):
 
 
 def test_a_family_that_cannot_compile_is_refused_at_config_time(monkeypatch):
-    monkeypatch.setattr(DiffusionModelConfig, "no_compile", "has a block inductor cannot trace")
+    spec = FAMILIES.get("diffusion")
+    refusing = dataclasses.replace(spec, traits=spec.traits.but(no_compile="has a block inductor cannot trace"))
+    monkeypatch.setitem(FAMILIES._entries, "diffusion", refusing)
     with pytest.raises(ConfigError, match="train.compile=true: model.family=diffusion has a block"):
         load_config("dit-debug", ["train.compile=true"])
     load_config("dit-debug", ["train.compile=false"])

@@ -108,7 +108,7 @@ def test_two_processes_keep_every_buffer_identical(tmp_path):
 
 @pytest.mark.dist  # several processes: make test-dist
 def test_two_processes_gather_the_frame_masks_of_padded_clips(tmp_path):
-    """phenaki divides its loss by the real positions of the whole global batch (Task.global_fields): 2 processes
+    """phenaki divides its loss by the real positions of the whole global batch (its traits' global_fields): 2 processes
     with a padded clip (data.video.min_frames) and 2 accumulation steps gather every micro-batch's frame masks in
     the global batch's order and train as 1 process does."""
     data = short_clip_folder(tmp_path / "clips", n=3)  # 4 clips, one of 3 frames: in every batch of 4

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -16,10 +16,6 @@ class ClipConfig(FamilyConfig):
     a trained projection), both projected to `embed_dim` and compared by cosine similarity."""
 
     family: Literal["clip"] = "clip"
-    default_metrics: ClassVar[tuple[str, ...]] = ("zero_shot", "retrieval")
-    roles: ClassVar[tuple[str, ...]] = ("embedder",)
-    no_sharding: ClassVar[str] = ("trains a scalar parameter (the logit scale, CLIP §2.5), which FSDP2 cannot shard; "
-                                  "genforge's CLIP models fit one GPU")
     width: int = Field(128, gt=0, description="image tower: transformer width")
     depth: int = Field(4, gt=0, description="image tower: transformer blocks")
     num_heads: int = Field(4, gt=0)

@@ -21,7 +21,6 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task
 from genforge.families.clip.config import ClipConfig
 from genforge.families.clip.model import ClipModel
-from genforge.nn.attention import PreNormBlock
 from genforge.text.encoders import build_text_encoder
 
 
@@ -68,8 +67,6 @@ class ClipTask(Task):
     """Trains `ClipModel`; its codec is the model itself (an ImageEmbedder), which `genforge encode` and the DALL·E 2
     decoder use. It makes no samples."""
 
-    makes_samples = False
-    block_types = (PreNormBlock,)
 
     def __init__(self, cfg: ClipConfig, ctx: BuildContext) -> None:
         super().__init__()

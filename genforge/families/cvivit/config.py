@@ -6,7 +6,7 @@ trained with)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -27,8 +27,6 @@ class CViViTConfig(TokenizerConfig):
     mirrored decoder."""
 
     family: Literal["cvivit"] = "cvivit"
-    default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim", "codebook")
-    roles: ClassVar[tuple[str, ...]] = ("tokenizer", "discrete")
     dim: int = Field(256, gt=0, description="transformer width")
     patch_size: int = Field(8, ge=1, description="spatial patch side (Phenaki: 8)")
     temporal_patch_size: int = Field(2, ge=1, description="frames per tubelet after the first frame (Phenaki: 2)")

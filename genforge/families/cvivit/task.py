@@ -15,7 +15,6 @@ from genforge.core.random import BatchRandom
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.cvivit.config import CViViTConfig
 from genforge.families.cvivit.model import CViViT
-from genforge.nn.attention import PreNormBlock
 from genforge.tokenizers.task import TokenizerTask
 
 
@@ -24,7 +23,6 @@ class CViViTTask(TokenizerTask):
 
     # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
     # penalty's double backward (create_graph) needs the discriminator's weights after that
-    block_types = (PreNormBlock,)
 
     def __init__(self, cfg: CViViTConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

@@ -3,7 +3,10 @@
 from pathlib import Path
 
 from genforge.core.family import register_family
-from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig
+from genforge.core.task import FamilyTraits
+from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig, Dalle2SampleOptions
 
 register_family(Dalle2DecoderConfig, "genforge.families.dalle2_decoder.task:Dalle2DecoderTask",
-                Path(__file__).parent / "presets")
+                Path(__file__).parent / "presets",
+                traits=FamilyTraits(metrics=("fid",), sample_options=Dalle2SampleOptions,
+                                    block_types=("genforge.nn.unet:ResBlock", "genforge.nn.unet:AttentionBlock")))

@@ -4,7 +4,7 @@ conditioned on CLIP image embeddings."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from torch import Tensor
@@ -113,8 +113,6 @@ class Dalle2DecoderConfig(FamilyConfig):
     with its optimizer (`train.phases.unet2.lr`) and EMA; `train_unets` picks the ones this run trains."""
 
     family: Literal["dalle2_decoder"] = "dalle2_decoder"
-    default_metrics: ClassVar[tuple[str, ...]] = ("fid",)
-    sample_options: ClassVar[type[SampleOptions]] = Dalle2SampleOptions
     stages: list[StageConfig] = Field(min_length=1)
     train_unets: Annotated[list[int] | None, OnResume.CHANGE] = Field(
         None, description="1-based stages this run trains (DALLE2-pytorch's unet_training_mask); the others stay "

@@ -28,7 +28,6 @@ from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig, Dalle2SampleOptions
 from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
 from genforge.nn.frozen import Frozen, held_on
-from genforge.nn.unet import AttentionBlock, ResBlock
 from genforge.text.clip_embedder import PretrainedClipEmbedder
 from genforge.text.encoders import attach_text_encoder, build_text_encoder
 from genforge.tokenizers.standins import PooledPixelEmbedder
@@ -44,7 +43,6 @@ def augmentation_process() -> GaussianDiffusion:
 class Dalle2DecoderTask(Task):
     """The cascade of `Dalle2DecoderConfig.stages`, trained stage by stage as phases."""
 
-    block_types = (ResBlock, AttentionBlock)
 
     def __init__(self, cfg: Dalle2DecoderConfig, ctx: BuildContext) -> None:
         super().__init__()

@@ -4,7 +4,9 @@ reranking of two candidates), the first half of text-to-image with the dalle2_de
 from pathlib import Path
 
 from genforge.core.family import register_family
+from genforge.core.task import FamilyTraits
 from genforge.families.dalle2_prior.config import Dalle2PriorConfig
 
 register_family(Dalle2PriorConfig, "genforge.families.dalle2_prior.task:Dalle2PriorTask",
-                Path(__file__).parent / "presets")
+                Path(__file__).parent / "presets",
+                traits=FamilyTraits(metrics=("prior_similarity",), block_types=("genforge.nn.attention:PreNormBlock",)))

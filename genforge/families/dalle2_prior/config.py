@@ -3,7 +3,7 @@ that maps a caption to a CLIP image embedding, trained beside the decoder (DALLE
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -27,7 +27,6 @@ class Dalle2PriorConfig(FamilyConfig):
     with a causal mask; the query's output is the predicted (unit-norm, √D-scaled) image embedding x₀."""
 
     family: Literal["dalle2_prior"] = "dalle2_prior"
-    default_metrics: ClassVar[tuple[str, ...]] = ("prior_similarity",)
     embedder: PriorEmbedderConfig
     width: int = Field(256, gt=0, description="transformer width")
     depth: int = Field(6, gt=0, description="transformer blocks")

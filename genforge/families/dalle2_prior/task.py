@@ -28,7 +28,6 @@ from genforge.core.task import Batch, Task, heldout_captions, interleave_rows
 from genforge.diffusion.build import build_objective, sample_diffusion, with_diffusion_defaults
 from genforge.families.dalle2_prior.config import Dalle2PriorConfig
 from genforge.families.dalle2_prior.model import PriorNetwork
-from genforge.nn.attention import PreNormBlock
 from genforge.nn.frozen import Frozen, held_on
 from genforge.text.clip_embedder import PretrainedClipEmbedder
 from genforge.text.encoders import use_cached_text_embeds
@@ -49,7 +48,6 @@ class Dalle2PriorTask(Task):
     """Trains `PriorNetwork` on (caption, image) pairs embedded by a frozen CLIP; samples unit-norm image embeddings
     [n, D] for captions (`image_embeds_for`, a genforge.core.codec.TextToImageEmbedding)."""
 
-    block_types = (PreNormBlock,)
 
     def __init__(self, cfg: Dalle2PriorConfig, ctx: BuildContext) -> None:
         super().__init__()

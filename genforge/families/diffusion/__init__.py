@@ -5,9 +5,13 @@ former name, is an alias: configs and runs that say it still load."""
 from pathlib import Path
 
 from genforge.core.family import register_family
+from genforge.core.task import FamilyTraits
 from genforge.families.diffusion.config import DiffusionModelConfig
 
 register_family(DiffusionModelConfig, "genforge.families.diffusion.task:DiffusionTask", Path(__file__).parent / "presets",
                 aliases=("dit",), exporters={"diffusers": "genforge.families.diffusion.export:to_diffusers"},
                 importers={"dit-checkpoint": "genforge.families.diffusion.importer:read_official",
-                           "DiTTransformer2DModel": "genforge.families.diffusion.importer:read_diffusers"})
+                           "DiTTransformer2DModel": "genforge.families.diffusion.importer:read_diffusers"},
+                traits=FamilyTraits(metrics=("judge",), block_types=("genforge.families.diffusion.dit:DiTBlock",
+                                                                      "genforge.nn.unet:ResBlock",
+                                                                      "genforge.nn.unet:AttentionBlock")))

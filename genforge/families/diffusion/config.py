@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
@@ -67,7 +67,6 @@ class DiffusionModelConfig(FamilyConfig):
     and the diffusion objective and sampler."""
 
     family: Literal["diffusion"] = "diffusion"
-    default_metrics: ClassVar[tuple[str, ...]] = ("judge",)
     backbone: Backbone = Field(DiTConfig(), description="kind: dit (the transformer of a zoo size) or unet")
     conditioning: Literal["class", "none"] = "class"
     num_classes: int | None = Field(None, gt=0, description="default: from the data set")

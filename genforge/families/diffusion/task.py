@@ -14,9 +14,9 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, class_conditions, class_count
 from genforge.diffusion.build import build_objective, sample_diffusion, with_diffusion_defaults
 from genforge.families.diffusion.config import DiffusionModelConfig, UNetBackboneConfig
-from genforge.families.diffusion.dit import DiT, DiTBlock
+from genforge.families.diffusion.dit import DiT
 from genforge.nn.frozen import held_on
-from genforge.nn.unet import AttentionBlock, ResBlock, UNet, build_unet
+from genforge.nn.unet import UNet, build_unet
 from genforge.tokenizers.standins import build_standin
 
 
@@ -24,7 +24,6 @@ class DiffusionTask(Task):
     """Trains the backbone with the objective's `training_losses` (DiT train.py's loop) and samples with the
     configured sampler."""
 
-    block_types = (DiTBlock, ResBlock, AttentionBlock)
 
     def __init__(self, cfg: DiffusionModelConfig, ctx: BuildContext) -> None:
         super().__init__()

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -14,8 +14,6 @@ from genforge.tokenizers.config import PerceptualConfig, TokenizerConfig
 class DVAEConfig(TokenizerConfig):
     """Architecture, the Gumbel temperature schedule and the KL weight schedule."""
 
-    default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim", "codebook")
-    roles: ClassVar[tuple[str, ...]] = ("tokenizer", "discrete")
     family: Literal["dvae"] = "dvae"
     # DALL·E trained with MSE-like (logit-Laplace) likelihoods and DALLE-pytorch with MSE or smooth L1: no l1 here
     reconstruction_loss: Literal["mse", "smooth_l1"] = "mse"

@@ -26,7 +26,7 @@ from genforge.core.family import BuildContext
 from genforge.core.task import Batch, interleave_rows
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.dvae.config import DVAEConfig
-from genforge.families.dvae.model import DiscreteVAE, ResBlock
+from genforge.families.dvae.model import DiscreteVAE
 from genforge.nn.sampling import gumbel
 from genforge.tokenizers.task import TokenizerTask
 
@@ -50,7 +50,6 @@ def kl_to_uniform(logits: Tensor) -> Tensor:
 class DVAETask(TokenizerTask):
     """Trains a DiscreteVAE; its codec's token ids are what a token generator models."""
 
-    block_types = (ResBlock,)
 
     cfg: DVAEConfig
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from diffusers.models.unets.unet_2d_blocks import DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D
 from torch import Tensor
 
 from genforge.core.family import BuildContext
@@ -17,7 +16,6 @@ class KLVAETask(TokenizerTask):
 
     # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
     # penalty's double backward (create_graph) needs the discriminator's weights after that
-    block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D)
 
     def __init__(self, cfg: KLVAEConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

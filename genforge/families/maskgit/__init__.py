@@ -4,5 +4,7 @@ from pathlib import Path
 
 from genforge.core.family import register_family
 from genforge.families.maskgit.config import MaskGITConfig
+from genforge.masked.config import MASKED_TRAITS
 
-register_family(MaskGITConfig, "genforge.families.maskgit.task:MaskGITTask", Path(__file__).parent / "presets")
+register_family(MaskGITConfig, "genforge.families.maskgit.task:MaskGITTask", Path(__file__).parent / "presets",
+                traits=MASKED_TRAITS)

@@ -3,6 +3,8 @@
 from pathlib import Path
 
 from genforge.core.family import register_family
-from genforge.families.phenaki.config import PhenakiConfig
+from genforge.families.phenaki.config import PhenakiConfig, PhenakiSampleOptions
+from genforge.masked.config import MASKED_TRAITS
 
-register_family(PhenakiConfig, "genforge.families.phenaki.task:PhenakiTask", Path(__file__).parent / "presets")
+register_family(PhenakiConfig, "genforge.families.phenaki.task:PhenakiTask", Path(__file__).parent / "presets",
+                traits=MASKED_TRAITS.but(metrics=("judge", "direction"), sample_options=PhenakiSampleOptions))

@@ -4,12 +4,12 @@ the ids [t, h, w] of a C-ViViT run (or the colour stand-in), text conditioned, o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 from torch import Tensor
 
-from genforge.core.config import DataConfig, OnResume, SampleOptions
+from genforge.core.config import DataConfig, OnResume
 from genforge.masked.config import MaskedSampleOptions, MaskedTokenConfig
 from genforge.tokenizers.inputs import VideoTokenInputConfig
 
@@ -37,8 +37,6 @@ class PhenakiConfig(MaskedTokenConfig):
     sin-cos over token frames, so any number of frames), over a video tokenizer's ids."""
 
     family: Literal["phenaki"] = "phenaki"
-    default_metrics: ClassVar[tuple[str, ...]] = ("judge", "direction")
-    sample_options: ClassVar[type[SampleOptions]] = PhenakiSampleOptions
     tokens: VideoTokenInputConfig
     seq_len: int | None = Field(None, gt=0, description="tokens per clip (t·h·w at data.video.num_frames); must "
                                                         "equal the tokenizer's (default: taken from it)")

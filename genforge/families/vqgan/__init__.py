@@ -4,7 +4,9 @@ from pathlib import Path
 
 from genforge.core.family import register_family
 from genforge.families.vqgan.config import VQGANConfig
+from genforge.tokenizers.config import DIFFUSERS_BLOCKS, DISCRETE_TOKENIZER_TRAITS
 
 register_family(VQGANConfig, "genforge.families.vqgan.task:VQGANTask", Path(__file__).parent / "presets",
                 exporters={"diffusers": "genforge.families.vqgan.export:to_diffusers"},
-                codec_loaders={"VQModel": "genforge.families.vqgan.diffusers_codec:codec_from_diffusers"})
+                codec_loaders={"VQModel": "genforge.families.vqgan.diffusers_codec:codec_from_diffusers"},
+                traits=DISCRETE_TOKENIZER_TRAITS.but(block_types=DIFFUSERS_BLOCKS))

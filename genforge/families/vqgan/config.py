@@ -6,7 +6,7 @@ et al. 2023)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -19,8 +19,6 @@ class VQGANConfig(ConvStackConfig):
     (perceptual, patch GAN: on by default, as in VQGAN)."""
 
     family: Literal["vqgan"] = "vqgan"
-    default_metrics: ClassVar[tuple[str, ...]] = ("psnr", "ssim", "codebook")
-    roles: ClassVar[tuple[str, ...]] = ("tokenizer", "discrete")
     block_out_channels: list[int] = Field([64, 128, 128], min_length=1, max_length=6,
                                           description="channels per level; downsampling 2**(levels - 1)")
     z_channels: int = Field(64, ge=1, le=1024, description="channels of the encoder's output and the decoder's "

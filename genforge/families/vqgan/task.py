@@ -3,7 +3,6 @@ MUSE's VQGanVAE), the discriminator as the second phase (genforge/tokenizers/tas
 
 from __future__ import annotations
 
-from diffusers.models.unets.unet_2d_blocks import DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D
 from torch import Tensor
 
 from genforge.core.family import BuildContext
@@ -19,7 +18,6 @@ class VQGANTask(TokenizerTask):
 
     # the discriminator stays in the root unit: FSDP2 reshards a block after its backward, and the gradient
     # penalty's double backward (create_graph) needs the discriminator's weights after that
-    block_types = (DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D)
 
     def __init__(self, cfg: VQGANConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)

@@ -3,7 +3,7 @@ images with one convolution and samples by denoising noise: enough to train, res
 engine, and the proof that adding a family touches no file outside its folder (tests/app/test_toy_family.py)."""
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -11,7 +11,7 @@ from torch import nn
 
 from genforge.core.config import FamilyConfig, SampleOptions
 from genforge.core.family import BuildContext, register_family
-from genforge.core.task import Task
+from genforge.core.task import FamilyTraits, Task
 
 
 class ToySampleOptions(SampleOptions):
@@ -22,7 +22,6 @@ class ToySampleOptions(SampleOptions):
 
 class ToyConfig(FamilyConfig):
     family: Literal["toy"] = "toy"
-    sample_options: ClassVar[type[SampleOptions]] = ToySampleOptions
     noise: float = 0.5
 
 
@@ -48,4 +47,5 @@ class ToyTask(Task):
         return self.net(noise.to(self.net.weight.device)).clamp(-1, 1)
 
 
-register_family(ToyConfig, ToyTask, Path(__file__).parent / "presets")
+register_family(ToyConfig, ToyTask, Path(__file__).parent / "presets",
+                traits=FamilyTraits(sample_options=ToySampleOptions))
