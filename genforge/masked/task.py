@@ -31,11 +31,10 @@ DecodeRun = Callable[[Tensor | None, Tensor | None], Tensor]  # (start ids [n, N
 
 
 class TrainingMasks(NamedTuple):
-    """What a training step hides and scores."""
+    """What a training step hides, which the cross-entropy scores."""
 
-    hidden: Tensor  # bool [B, N]: positions shown to the transformer as [MASK]
-    targets: Tensor  # bool [B, N]: positions the cross-entropy scores (a subset of `hidden`)
-    total: Tensor  # targets of the whole global batch: the loss's denominator
+    hidden: Tensor  # bool [B, N]: positions shown to the transformer as [MASK] and scored
+    total: Tensor  # hidden positions of the whole global batch: the loss's denominator
 
 
 class MaskedTokenTask(Task):
@@ -169,12 +168,12 @@ class MaskedTokenTask(Task):
         hide = masks.hidden if real is None else masks.hidden | ~rng.rows(real)  # padding too
         shown = ids.masked_fill(hide, self.model.mask_id)
         hidden = self.model.hidden(shown, context, context_mask)  # [B, N, D]
-        logits = self.model.head(hidden[masks.targets])  # only the scored positions: [M, K]
-        targets = ids[masks.targets]  # [M]
+        logits = self.model.head(hidden[masks.hidden])  # only the scored positions: [M, K]
+        targets = ids[masks.hidden]  # [M]
         ce = F.cross_entropy(logits.float(), targets, reduction="sum", label_smoothing=self.cfg.label_smoothing)
         loss = ce * (rng.global_size / rng.size) / masks.total
         with torch.no_grad():
-            logs = {"ce": ce.detach() / masks.targets.sum(), "masked": masks.hidden.float().mean(),
+            logs = {"ce": ce.detach() / masks.hidden.sum(), "masked": masks.hidden.float().mean(),
                     "accuracy": (logits.argmax(-1) == targets).float().mean()}
         return loss, logs
 
@@ -186,8 +185,8 @@ class MaskedTokenTask(Task):
         return self.real_positions(global_rows(batch, "frame_mask"), n)
 
     def training_masks(self, rng: BatchRandom, n: int, real: Tensor | None = None) -> TrainingMasks:
-        """The positions hidden in training and scored (here the same, bool [B, N], True = hidden), and how many the
-        whole global batch scores (the loss's denominator): MaskGIT's ⌈γ(r)·N⌉ uniformly random positions per
+        """The positions hidden in training and scored (bool [B, N], True = hidden), and how many the whole global
+        batch scores (the loss's denominator): MaskGIT's ⌈γ(r)·N⌉ uniformly random positions per
         sample. `real` bool [G, N]: the real positions of every sample of the step (clips with padding): ⌈γ(r)·N_real⌉
         of those alone."""
         r_all = rng.rand_global()  # [G]: the mask ratio draw of every sample of the step
@@ -195,7 +194,7 @@ class MaskedTokenTask(Task):
         masked_total = hidden_count(r_all, counted, self.cfg.mask_schedule).sum()  # every masked token of the step
         real_rows = None if real is None else rng.rows(real)
         mask = training_mask(rng.rows(r_all), rng.rand(n), self.cfg.mask_schedule, real_rows)
-        return TrainingMasks(mask, mask, masked_total)
+        return TrainingMasks(mask, masked_total)
 
     def critic_loss(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Token-Critic (Lezama et al. 2022, §3.2, eq. 4): mask ids as in training (γ(r)·N random positions),

@@ -90,7 +90,7 @@ class PhenakiTask(MaskedTokenTask):
         if real_rows is not None:
             in_order = in_order & real_rows  # the later frames up to the last real one
         hidden = torch.where(ordered[:, None], in_order, uniform)
-        return TrainingMasks(hidden, hidden, counts.sum())
+        return TrainingMasks(hidden, counts.sum())
 
     def decode_in_order(self, run: DecodeRun, shape: tuple[int, ...], initial: Tensor | None,
                         settings: dict[str, Any]) -> Tensor:

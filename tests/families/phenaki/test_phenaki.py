@@ -130,21 +130,18 @@ def test_frame_ordered_training_masks_count_what_they_score_over_the_global_batc
     task = task_of("model.frame_order_prob=0.5")
     t, p = 3, 64
     rng = BatchRandom(0, 0, 0, 8, 0, 8)  # one process: the global batch is the micro-batch
-    hidden, targets, total = task.training_masks(rng, t * p)
-    assert hidden.shape == (8, t * p) and int(total) == int(targets.sum()) and not (targets & ~hidden).any()
-    frames, scored = hidden.view(8, t, p), targets.view(8, t, p)
+    hidden, total = task.training_masks(rng, t * p)
+    assert hidden.shape == (8, t * p) and int(total) == int(hidden.sum())
+    frames = hidden.view(8, t, p)
     ordered = [i for i, row in enumerate(frames) if row[-1].all() or not row[0].any()]  # they hide a suffix
     assert ordered, "with probability 0.5 some of 8 rows are frame-ordered"
     for i in ordered:
         decoded = int(frames[i].any(-1).long().argmax())  # the first frame with a hidden token
-        assert torch.equal(scored[i], frames[i]) and frames[i][decoded + 1 :].all()  # the later frames: hidden
-    uniform = [i for i in range(8) if i not in ordered]
-    assert all(torch.equal(scored[i], frames[i]) for i in uniform)
+        assert frames[i][decoded + 1 :].all()  # the later frames: hidden (and scored)
     halves = [BatchRandom(0, 0, 0, 8, off, 4) for off in (0, 4)]  # two processes of 4: the same masks and total
     parts = [task.training_masks(h, t * p) for h in halves]
-    assert torch.equal(torch.cat([m.hidden for m in parts]), hidden)
-    assert torch.equal(torch.cat([m.targets for m in parts]), targets) and all(int(m.total) == int(total)
-                                                                               for m in parts)
+    assert torch.equal(torch.cat([m.hidden for m in parts]), hidden) and all(int(m.total) == int(total)
+                                                                             for m in parts)
 
 
 def test_decoding_token_frames_in_order_decodes_each_frame_given_the_earlier_ones(monkeypatch):
@@ -391,15 +388,15 @@ def test_padded_token_frames_are_never_targets_never_seen_and_never_counted(fram
     real = task.real_positions(FRAME_MASK, n)  # [4, N]: a token frame with a padded video frame is padding
     assert real.view(4, 3, p).all(-1).sum(1).tolist() == [3, 2, 1, 1] and torch.equal(real.view(4, 3, p).any(-1),
                                                                                         real.view(4, 3, p).all(-1))
-    mask, targets, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 4), n, real)
-    assert not (mask & ~real).any() and (targets.sum(1) > 0).all() and int(total) == int(targets.sum())
+    mask, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 4), n, real)
+    assert not (mask & ~real).any() and (mask.sum(1) > 0).all() and int(total) == int(mask.sum())
     halves = [task.training_masks(BatchRandom(0, 0, 0, 4, offset, 2), n, real) for offset in (0, 2)]
     assert torch.equal(torch.cat([m.hidden for m in halves]), mask) and all(int(m.total) == int(total)
                                                                             for m in halves)
     dropped = real.clone()
     dropped[3] = False  # the zero row of a sample a stream dropped (the trainer's global_batch): nothing counted
-    mask, targets, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 3), n, dropped)
-    assert int(total) == int(targets.sum()) and not (mask & ~dropped[:3]).any()
+    mask, total = task.training_masks(BatchRandom(0, 0, 0, 4, 0, 3), n, dropped)
+    assert int(total) == int(mask.sum()) and not (mask & ~dropped[:3]).any()
     video = torch.rand(4, 3, 5, 16, 16) * 2 - 1
     (loss_a, grads_a), (loss_b, grads_b) = (loss_and_grads(task, with_garbage(video, FRAME_MASK, seed), FRAME_MASK)
                                             for seed in (1, 2))
