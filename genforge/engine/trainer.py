@@ -64,6 +64,20 @@ def resolve_run_dir(base: Path, fresh: bool) -> Path:
     return base.parent / f"{base.name}-{n}"
 
 
+def _accelerator(tc: TrainConfig, ddp: DistributedDataParallelKwargs) -> Accelerator:
+    """The run's accelerate Accelerator: its precision, the collective timeout, DDP's settings (`ddp`, which the
+    trainer may still change before the task is wrapped), the processes torchrun or accelerate launch started."""
+    check_precision(tc.precision, "cuda" if torch.cuda.is_available() else "cpu", f"train.precision={tc.precision}")
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=tc.dist_timeout_s))
+    # torchrun/accelerate launch without CUDA: accelerate joins the (gloo) process group only when told cpu=True
+    multi_cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+    acc = Accelerator(mixed_precision=tc.precision, cpu=multi_cpu, kwargs_handlers=[ddp, timeout])
+    if acc.num_processes != int(os.environ.get("WORLD_SIZE", "1")):
+        raise RuntimeError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']} but accelerate joined "
+                           f"{acc.num_processes} process(es); check the launcher's backend settings")
+    return acc
+
+
 @dataclass
 class TrainingRun:
     """What the trainer is given: the run's data, train, eval and log sections, how to build its task once the data
@@ -87,16 +101,8 @@ class Trainer:
 
     def __init__(self, run: TrainingRun, run_dir: Path, fresh: bool = False) -> None:
         self.run, tc = run, run.train
-        check_precision(tc.precision, "cuda" if torch.cuda.is_available() else "cpu", f"train.precision={tc.precision}")
         ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
-        timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=tc.dist_timeout_s))
-        # torchrun/accelerate launch without CUDA: accelerate joins the (gloo) process group only when told cpu=True
-        multi_cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
-        self.accelerator = acc = Accelerator(mixed_precision=tc.precision, cpu=multi_cpu,
-                                             kwargs_handlers=[ddp, timeout])
-        if acc.num_processes != int(os.environ.get("WORLD_SIZE", "1")):
-            raise RuntimeError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']} but accelerate joined "
-                               f"{acc.num_processes} process(es); check the launcher's backend settings")
+        self.accelerator = acc = _accelerator(tc, ddp)
         self.run_dir = Path(main_decides(acc, lambda: str(resolve_run_dir(Path(run_dir), fresh))))
         if acc.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
