@@ -13,6 +13,7 @@ import copy
 from typing import Any, Callable
 
 from genforge.core.family import canonical_family
+from genforge.core.status import console
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
 
@@ -91,8 +92,9 @@ def _phenaki_frame_order_loss(raw: dict[str, Any]) -> dict[str, Any]:
     did (the key never acted on sampling) and resumes scoring every hidden token, a change a resume could always
     make."""
     model = _model(raw, "phenaki")
-    if model is not None:
-        model.pop("frame_order_loss", None)
+    if model is not None and model.pop("frame_order_loss", "all") != "all":
+        console().warning("model.frame_order_loss was removed (scoring only the decoded frame did not help, "
+                          "docs/phenaki.md): a frame-ordered clip scores every hidden token")
     return raw
 
 

@@ -25,9 +25,10 @@ def test_a_config_without_a_version_goes_through_every_step():
 
 
 @pytest.mark.parametrize("loss", ["all", "frame"])
-def test_phenakis_removed_frame_order_loss_is_dropped(loss):
+def test_phenakis_removed_frame_order_loss_is_dropped_and_a_changed_one_said(loss, status):
     migrated = migrate({"model": {"family": "phenaki", "frame_order_prob": 0.5, "frame_order_loss": loss}})
     assert migrated["model"] == {"family": "phenaki", "frame_order_prob": 0.5}
+    assert ("model.frame_order_loss was removed" in status.text) == (loss == "frame")
 
 
 def test_a_current_version_is_not_migrated_again():
