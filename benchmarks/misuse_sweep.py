@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from safetensors.torch import load_file, save_file
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's genforge, as in the subprocesses
 from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.data.shards import shard_pattern
@@ -185,6 +187,15 @@ def header_claiming(path: Path, length: int) -> None:
     path.write_bytes(struct.pack("<Q", length) + path.read_bytes()[8:])
 
 
+def nan_in(path: Path) -> None:
+    """One weight of a safetensors file NaN, the file otherwise intact (what a bit flip or another tool leaves)."""
+    tensors = load_file(str(path))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(path))
+
+
 def cut(path: Path, size: int) -> None:
     """Keep the first `size` bytes of `path`."""
     path.write_bytes(path.read_bytes()[:size])
@@ -212,6 +223,8 @@ def damaged_cases(fx: Fixtures) -> list[Case]:
         ("wrong-shape", "weights of hidden_size=32", "model.safetensors", narrow_weights),
         ("missing-rng", "rng/rank-0.safetensors deleted", "rank-0.safetensors",
          lambda ckpt: (ckpt / "rng" / "rank-0.safetensors").unlink()),
+        ("nan-weight", "a NaN in model.safetensors (a bit flip)", "non-finite",
+         lambda ckpt: nan_in(ckpt / "model.safetensors")),
     ]
     cases = []
     for name, did, file, hurt in damage:
@@ -278,6 +291,14 @@ def damaged_cases(fx: Fixtures) -> list[Case]:
         prepare_all(folder, state)
         return ["sample", str(folder / "run"), "--n", "2", "--out", str(folder / "grid.png")]
 
+    def prepare_sample_nan(folder: Path, state: dict) -> list[str]:
+        run = fx.copy_of_good_run(folder)
+        nan_in(run / "checkpoints" / "step-000004" / "ema.safetensors")
+        state["before"] = snapshot(run)
+        return ["sample", str(run), "--n", "2", "--out", str(folder / "grid.png")]
+
+    cases.append(Case("damaged-sample-nan", "`sample` a run whose latest EMA holds a NaN", prepare_sample_nan, 0,
+                      ("step-000004", "non-finite", "wrote 2 samples"), check_sample))
     cases.append(Case("damaged-sample-none-usable", "`sample` a run with no usable checkpoint", prepare_sample_none,
                       2, ("step-000004/trainer_state.json", "step-000002/model.safetensors"), unchanged_checkpoints))
     return cases
@@ -435,6 +456,21 @@ def place_cases(fx: Fixtures) -> list[Case]:
         (run / "metrics.jsonl").symlink_to("/dev/full")  # every write to it fails with ENOSPC
         return ["train", "dit-debug", "--run-dir", str(run), *sets(*QUICK)]
 
+    def read_only(run: Path, name: str) -> None:
+        """RUN/<name> a link into /sys, where root may not create anything: a read-only mount as root sees it."""
+        shutil.rmtree(run / name, ignore_errors=True)
+        (run / name).symlink_to(f"/sys/genforge-sweep-{name}")
+
+    def eval_unwritable(folder: Path, state: dict) -> list[str]:
+        run = fx.copy_of_good_run(folder)
+        read_only(run, "eval")
+        return ["eval", str(run), "--metrics", "fid", "--n", "4"]
+
+    def sample_unwritable(folder: Path, state: dict) -> list[str]:
+        run = fx.copy_of_good_run(folder)
+        read_only(run, "samples")
+        return ["sample", str(run), "--n", "2"]
+
     # We run as root: chmod a-w does not stop root writing, so no read-only folder can be made here; /sys refuses
     # root's mkdir (EPERM) and stands in for a read-only mount.
     return [
@@ -453,6 +489,12 @@ def place_cases(fx: Fixtures) -> list[Case]:
              sample_to(lambda f: Path("/proc/grid.png")), 2, ("--out /proc", "cannot write there")),
         Case("metrics-on-full-disk", "RUN/metrics.jsonl -> /dev/full (ENOSPC)", full_disk, 1,
              ("metrics.jsonl", "No space left on device")),
+        Case("eval-run-unwritable", "`eval RUN`; RUN/eval -> /sys/... (read-only)", eval_unwritable, 2,
+             ("cannot write there", "fid:", "the scores above were not written")),
+        Case("sample-run-unwritable", "`sample RUN` (default --out); RUN/samples -> /sys", sample_unwritable, 2,
+             ("--out (default: RUN_DIR/samples/)", "cannot write there"),
+             lambda folder, state: "it sampled before refusing" if "sampling" in (folder / "output.txt").read_text()
+             else None),
     ]
 
 
@@ -506,7 +548,7 @@ def value_cases(fx: Fixtures) -> list[Case]:
         return lambda folder, state: (["train", "dit-debug", "--run-dir", str(folder / "run"),
                                        *sets(*QUICK, *overrides)] + (["--dry-run"] if dry_run else []))
 
-    huge = "train.batch_size=1000000000000"
+    huge, absurd_n = "train.batch_size=1000000000000", "data.shapes.n=10000000000000"
     return [
         Case("sample-cfg-scale-inf", "`sample RUN --cfg-scale inf`",
              lambda folder, state: ["sample", str(fx.good_run()), "--cfg-scale", "inf", "--out",
@@ -515,6 +557,14 @@ def value_cases(fx: Fixtures) -> list[Case]:
         Case("weight-decay-inf", "--set train.weight_decay=inf", train_with("train.weight_decay=inf"), 2,
              ("train.weight_decay",), no_run_dir),
         Case("batch-size-huge", f"--set {huge}", train_with(huge), 2, ("train.batch_size",)),
+        Case("sizes-absurd", f"--set {huge} --set {absurd_n}", train_with(huge, absurd_n), 2,
+             ("train.batch_size", "data.shapes.n"), no_run_dir),
+        Case("sample-n-absurd", "`sample RUN --n 10^12`",
+             lambda folder, state: ["sample", str(fx.good_run()), "--n", "1000000000000", "--out",
+                                    str(folder / "grid.png")], 2, ("--n",),
+             lambda folder, state: "grid.png was written" if (folder / "grid.png").exists() else None),
+        Case("eval-n-absurd", "`eval RUN --n 10^12`",
+             lambda folder, state: ["eval", str(fx.good_run()), "--n", "1000000000000"], 2, ("--n",)),
         Case("batch-size-huge-dry-run", f"--set {huge} --dry-run", train_with(huge, dry_run=True), 2,
              ("train.batch_size",)),
         Case("lr-nan", "--set train.lr=nan", train_with("train.lr=nan"), 2, ("train.lr",), no_run_dir),

@@ -26,8 +26,9 @@ from genforge.app.importer import import_run
 from genforge.app.runs import (SamplingOption, build_task, check_data_size, count_parameters,
                                family_sample_options, flag, load_any_codec, make_trainer, missing_inputs,
                                resume_changes, run_family, sample_options)
+from genforge.core.config import MAX_EVAL_SAMPLES, MAX_GRID_SAMPLES, MAX_SAMPLES
 from genforge.core.family import export_targets
-from genforge.core.status import status_on_stderr
+from genforge.core.status import console, status_on_stderr
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
 from genforge.data.cache import MANIFEST, manifest_summary
@@ -123,9 +124,11 @@ def _dry_run(cfg: RunConfig, target: Path, fresh: bool) -> None:
         typer.echo(f"# changed on resume: {change}")
 
 
-def _check_writable(folder: Path, option: str, keep: bool = True) -> None:
-    """Exit 2 naming `option` when `folder` cannot be created or written (a file, under a file, read-only, /proc).
-    Not `keep`: the folders this check created are removed again (a run refused later leaves no empty directory)."""
+def _unwritable(folder: Path, keep: bool = True) -> str | None:
+    """Why `folder` cannot be created or written (a file, under a file, read-only, /proc), None when it can. Not
+    `keep`: the folders this check created are removed again (a run refused later leaves no empty directory)."""
+    if folder.is_symlink() and not folder.exists() or folder.exists() and not folder.is_dir():
+        return "something other than a folder is there" + (" (a link to nowhere)" if folder.is_symlink() else "")
     created = [path for path in (folder, *folder.parents) if not path.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -133,11 +136,19 @@ def _check_writable(folder: Path, option: str, keep: bool = True) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        _fail(f"{option} {folder}: cannot write there ({err.strerror or err})")
+        return str(err.strerror or err)
     finally:
         for path in created if not keep else ():  # deepest first
             with contextlib.suppress(OSError):
                 path.rmdir()
+    return None
+
+
+def _check_writable(folder: Path, option: str, keep: bool = True) -> None:
+    """Exit 2 naming `option` and `folder` when it cannot be created or written (`_unwritable`)."""
+    why = _unwritable(folder, keep)
+    if why is not None:
+        _fail(f"{option} {folder}: cannot write there ({why})")
 
 
 def _check_finite(**values: float | None) -> None:
@@ -249,8 +260,9 @@ class SamplingCommand(TyperCommand):
 @with_sampling_flags("sample")
 def sample(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with a checkpoint")],
-    n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of samples (default: 16, or one per "
-                                                                       "line of --prompts; -n under torchrun)")]
+    n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, max=MAX_GRID_SAMPLES,
+                                             help="number of samples (default: 16, or one per line of --prompts; "
+                                                  "-n under torchrun)")]
     = None,
     out: Annotated[Optional[Path], typer.Option(help="grid to write: .png (images), .gif or .mp4 (clips) (default: "
                                                   "RUN_DIR/samples/sample-...)")] = None,
@@ -282,6 +294,8 @@ def _sample(run_dir: Path, n: int | None, out: Path | None, seed: int, precision
             given: dict[str, Any]) -> None:
     """`genforge sample` once its options are read, on every rank of a process group (rank 0 writes)."""
     run = _open_run(run_dir, compile_)
+    if out is None:  # the default grid goes into the run: before sampling, as for --out
+        _check_writable(run_dir / "samples", "--out (default: RUN_DIR/samples/)")
     precision = _precision(precision, run.config.train.precision, run.device)
     try:
         options = sampling_options(run.config, "sample", flag, **given)
@@ -321,8 +335,9 @@ def _sample(run_dir: Path, n: int | None, out: Path | None, seed: int, precision
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with a checkpoint")],
     metrics: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. judge,fid,kid,is,prdc")] = None,
-    n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, help="number of generated samples (-n under "
-                                                                       "torchrun, whose parser takes --n for its own)")]
+    n: Annotated[Optional[int], typer.Option("--n", "-n", min=1, max=MAX_EVAL_SAMPLES,
+                                             help="number of generated samples (-n under torchrun, whose parser "
+                                                  "takes --n for its own)")]
     = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     ref: Annotated[Optional[str], typer.Option(help="real images for fid/kid/prdc: an image folder or a statistics "
@@ -348,6 +363,11 @@ def evaluate(
         run = _open_run(run_dir, compile_)
         precision = _precision(precision, run.config.train.precision, run.device)
         rank, world = rank_and_world()
+        # before computing: where the results go (rank 0 writes them); the scores are printed either way
+        cannot_write = _unwritable(run_dir / "eval") if rank == 0 else None
+        if cannot_write is not None:
+            console().warning(f"{run_dir / 'eval'}: cannot write there ({cannot_write}); the scores will be printed, "
+                              "not written")
         bar = Progress("evaluating", "samples", enabled=rank == 0, processes=world)
         try:
             options = sampling_options(run.config, "eval", flag, **given)
@@ -361,11 +381,16 @@ def evaluate(
     bar.finish(f"evaluated {results.get('n', n or run.config.eval.n)} samples", scores)
     if not results:  # ranks other than 0
         return
-    out = write_eval_results(run_dir, run.step, results)
     for key, value in results.items():
         if isinstance(value, list):  # e.g. judge_kind_by_frame (a value per frame); a histogram stays in the JSON
             value = " ".join(f"{v:.4g}" for v in value) if len(value) <= 16 else f"{len(value)} values, in the JSON"
         typer.echo(f"{key:>16}: {value:.4f}" if isinstance(value, float) else f"{key:>16}: {value}")
+    try:
+        if cannot_write is not None:
+            raise OSError(cannot_write)
+        out = write_eval_results(run_dir, run.step, results)
+    except OSError as err:
+        _fail(f"{run_dir / 'eval'}: cannot write there ({err.strerror or err}); the scores above were not written")
     typer.echo(f"wrote {out}")
 
 
@@ -517,7 +542,7 @@ def presets() -> None:
 @data_app.command("shapes")
 def data_shapes(
     out: Annotated[Path, typer.Option(help="folder to write")],
-    n: Annotated[int, typer.Option(min=1, help="number of images")] = 1000,
+    n: Annotated[int, typer.Option(min=1, max=MAX_SAMPLES, help="number of images")] = 1000,
     image_size: Annotated[int, typer.Option(min=16, help="pixels")] = 64,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     shards: Annotated[bool, typer.Option("--shards", help="write webdataset shards (.png, .txt, .cls) instead "
@@ -538,7 +563,7 @@ def data_shapes(
 @data_app.command("moving_shapes")
 def data_moving_shapes(
     out: Annotated[Path, typer.Option(help="folder to write")],
-    n: Annotated[int, typer.Option(min=1, help="number of clips")] = 200,
+    n: Annotated[int, typer.Option(min=1, max=MAX_SAMPLES, help="number of clips")] = 200,
     image_size: Annotated[int, typer.Option(min=16, help="pixels")] = 64,
     frames: Annotated[int, typer.Option(min=1, help="frames per clip")] = 17,
     fmt: Annotated[str, typer.Option("--format", help="gif or mp4")] = "gif",

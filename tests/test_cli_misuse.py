@@ -4,15 +4,18 @@ disk while writing a preview leaves no torn file."""
 
 import dataclasses
 import errno
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from eval.eval_standins import TinyFeatures
 from genforge.cli import app
 from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.previews import write_preview
+from genforge.eval import metrics as metrics_module
 
 runner = CliRunner()
 OLD_RUN = Path(__file__).parent / "fixtures" / "runs-3f8e24e" / "dit"
@@ -28,6 +31,9 @@ OLD_RUN = Path(__file__).parent / "fixtures" / "runs-3f8e24e" / "dit"
     (["sample", str(OLD_RUN), "--cfg-scale", "inf"], "--cfg-scale inf: must be a finite number"),
     (["eval", str(OLD_RUN), "--cfg-scale", "inf", "--metrics", "fid"], "--cfg-scale inf: must be a finite number"),
     (["sample", str(OLD_RUN), "--out", "grid.jpgx"], "no writer for '.jpgx' files"),
+    (["sample", str(OLD_RUN), "--n", "1000000000000"], "--n"),
+    (["eval", str(OLD_RUN), "--n", "1000000000000"], "--n"),
+    (["train", "dit-debug", "--set", "eval.n=1000000000", "--dry-run"], "eval.n"),
 ])
 def test_bad_values_exit_2_naming_them(args, message):
     out = runner.invoke(app, args)
@@ -45,6 +51,45 @@ def test_unwritable_places_exit_2_naming_them(tmp_path, monkeypatch):
     monkeypatch.setattr("genforge.app.api.generate", lambda *a, **k: sampled.append(1))
     out = runner.invoke(app, ["sample", str(OLD_RUN), "--out", str(blocker / "grid.png")])
     assert out.exit_code == 2 and "--out" in out.output and not sampled  # refused before sampling
+
+
+def test_absurd_data_sizes_exit_2_naming_them_before_anything_is_created(tmp_path):
+    out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(tmp_path / "run"), "--set",
+                              "train.batch_size=1000000000000", "--set", "data.shapes.n=10000000000000"])
+    assert out.exit_code == 2 and "data.shapes.n" in out.output and "train.batch_size" in out.output, out.output
+    assert "Traceback" not in out.output and not (tmp_path / "run").exists()
+    out = runner.invoke(app, ["data", "shapes", "--out", str(tmp_path / "data"), "--n", "10000000000000"])
+    assert out.exit_code == 2 and "--n" in out.output and not (tmp_path / "data").exists()
+
+
+@pytest.fixture
+def old_run(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(OLD_RUN, run)
+    return run
+
+
+def test_sample_into_a_run_it_cannot_write_exits_2_before_sampling(old_run, monkeypatch):
+    (old_run / "samples").write_text("in the way")  # RUN/samples cannot be made a folder
+    sampled = []
+    monkeypatch.setattr("genforge.app.api.generate", lambda *a, **k: sampled.append(1))
+    out = runner.invoke(app, ["sample", str(old_run), "--n", "2"])
+    assert out.exit_code == 2 and f"{old_run / 'samples'}: cannot write there" in out.stderr, out.output
+    assert not sampled and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("blocker", ["file", "link to nowhere"])
+def test_eval_of_a_run_it_cannot_write_prints_the_scores_and_exits_2(old_run, monkeypatch, blocker):
+    if blocker == "file":
+        (old_run / "eval").write_text("in the way")
+    else:
+        (old_run / "eval").symlink_to("/proc/genforge-no-such-folder")
+    monkeypatch.setattr(metrics_module, "feature_network", lambda device: TinyFeatures())
+    out = runner.invoke(app, ["eval", str(old_run), "--metrics", "fid", "--n", "4"])
+    assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+    assert "cannot write there" in out.stderr.splitlines()[0]  # said before the scores are computed
+    assert "fid:" in out.stdout and f"{old_run / 'eval'}: cannot write there" in out.stderr
+    assert "the scores above were not written" in out.stderr
 
 
 def test_a_full_disk_while_writing_a_preview_leaves_no_file(tmp_path, monkeypatch):

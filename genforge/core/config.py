@@ -17,7 +17,7 @@ from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
 __all__ = ["ConfigChange", "ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig",
-           "OnResume", "OptimizerSettings", "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel",
+           "MAX_BATCH", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "OnResume", "OptimizerSettings", "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel",
            "TrainConfig", "config_changes", "on_resume"]
 
 
@@ -27,6 +27,14 @@ class OnResume(Enum):
 
     CHANGE = "change"  # it only acts from the resumed step on: any new value
     ADD = "add"  # it may go from None to a value: a part the checkpoint does not have yet, which starts fresh
+
+
+# Sizes no run can mean (checked when a config is validated, before anything is created): they bound what would
+# otherwise end in an out-of-memory error (a data set's per-epoch order holds 16 bytes a sample)
+MAX_SAMPLES = 10_000_000  # the built-in data sets' samples (data.shapes.n; genforge data shapes --n)
+MAX_BATCH = 1 << 20  # a global batch (train.batch_size); CLIP's 32k is far below
+MAX_EVAL_SAMPLES = 1_000_000  # samples of one evaluation (eval.n, eval.ref_n, genforge eval --n); FID takes 50k
+MAX_GRID_SAMPLES = 100_000  # samples of one `genforge sample` grid
 
 
 class StrictModel(BaseModel):
@@ -105,7 +113,7 @@ def _may_change(config: Any, path: tuple[str, ...], old: Any) -> bool:
 class ShapesConfig(StrictModel):
     """The built-in procedural `shapes` data set (genforge.data.shapes)."""
 
-    n: int = Field(20_000, gt=0, description="number of distinct images (index range)")
+    n: int = Field(20_000, gt=0, le=MAX_SAMPLES, description="number of distinct images (index range)")
     seed: int = Field(0, ge=0)
     min_shapes: int = Field(1, ge=1, le=3)
     max_shapes: int = Field(3, ge=1, le=3)
@@ -179,7 +187,7 @@ class DataConfig(StrictModel):
         0.1, ge=0.0, le=1.0, description="stop when more than this share of samples read was unreadable")
     max_image_pixels: Annotated[int, OnResume.CHANGE] = Field(
         89_478_485, gt=0, description="larger images are refused as decompression bombs")
-    shuffle_buffer: int = Field(1000, ge=0, description="source=shards: records shuffled within each worker's "
+    shuffle_buffer: int = Field(1000, ge=0, le=1_000_000, description="source=shards: records shuffled within each worker's "
                                                         "stream (0: shard order only)")
     image_embeds: str | None = Field(None, description="source=shards: a folder of per-shard image-embedding files "
                                                        "<prefix>_<shard number>.npy (DALLE2-pytorch's / clip-retrieval's "
@@ -268,7 +276,7 @@ class TrainConfig(OptimizerSettings):
     checkpoint."""
 
     steps: Annotated[int, OnResume.CHANGE] = Field(1000, gt=0, description="total optimizer steps")
-    batch_size: int = Field(32, gt=0, description="global batch (all ranks x accumulation)")
+    batch_size: int = Field(32, gt=0, le=MAX_BATCH, description="global batch (all ranks x accumulation)")
     grad_accum: Annotated[int, OnResume.CHANGE] = Field(1, ge=1)
     precision: Annotated[Literal["no", "bf16", "fp16"], OnResume.CHANGE] = "no"
     sharding: Literal["none", "fsdp"] = Field(
@@ -364,17 +372,17 @@ class EvalConfig(StrictModel):
     metrics: list[str] | None = Field(None, description="registered metrics (genforge.eval); default: the family's "
                                                          "(generators: judge; tokenizers: psnr, ssim, and codebook if "
                                                          "discrete)")
-    n: int = Field(256, gt=0)
+    n: int = Field(256, gt=0, le=MAX_EVAL_SAMPLES, description="samples each evaluation draws")
     ref: str | None = Field(None, description="real images for fid/kid/prdc: an image folder, or a statistics file "
                                               "(.safetensors written by genforge, .npz with mu and sigma); "
                                               "default: the held-out split of the run's data")
-    ref_n: int | None = Field(None, gt=1, description="reference images used (default: eval.n)")
+    ref_n: int | None = Field(None, gt=1, le=MAX_EVAL_SAMPLES, description="reference images used (default: eval.n)")
     is_weights: str | None = Field(None, description="file with the Inception-v3 logits layer (fc.weight "
                                                      "[1008, 2048]) for metric 'is'; the FID network lacks it")
     i3d_weights: str | None = Field(None, description="TorchScript I3D file for metric 'fvd' (StyleGAN-V's "
                                                       "i3d_torchscript.pt); genforge downloads nothing")
     zero_shot_prompt: str = Field("a {}", description="metric zero_shot: the prompt of each class, {} its name")
-    val_loss_batches: int = Field(0, ge=0, description="at each evaluation, also the loss of every phase on this "
+    val_loss_batches: int = Field(0, ge=0, le=10_000, description="at each evaluation, also the loss of every phase on this "
                                                        "many held-out batches of train.batch_size, with fixed noise "
                                                        "(val_loss, val/<phase>/loss; train.keep_best may name "
                                                        "val_loss with keep_best_mode=min); 0: none")

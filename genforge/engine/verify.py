@@ -1,5 +1,5 @@
-"""Checking a checkpoint without loading its tensors (`verify_checkpoint`: the safetensors headers against the
-model, the JSON state, every file a resume needs), choosing the newest usable one (`newest_usable`), and reading the
+"""Checking a checkpoint before loading it (`verify_checkpoint`: the safetensors headers against the model, the JSON
+state, every file a resume needs, finite weights), choosing the newest usable one (`newest_usable`), and reading the
 weights of another run's checkpoint (`source_checkpoint`, `read_weights`), in either layout."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from genforge.core.files import file_sha256, files_sha256
@@ -186,12 +187,36 @@ def _stems(folder: Path) -> set[str]:
     return {p.stem for p in folder.iterdir() if p.suffix in (".json", ".safetensors")} if folder.is_dir() else set()
 
 
+def nonfinite_weights(path: Path) -> list[str]:
+    """"<file>: <tensor>" of every model or EMA tensor of checkpoint `path` that holds a NaN or an infinity, read one
+    tensor at a time (a sharded checkpoint: every rank's pieces). A file that cannot be read is a
+    CheckpointReadError naming it."""
+    sharded = (path / SHARDS).is_dir()
+    files = sorted((path / SHARDS).glob("*.safetensors")) if sharded else [path / "model.safetensors",
+                                                                            path / "ema.safetensors"]
+    bad = []
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as tensors:
+                for name in tensors.keys():
+                    if sharded and not name.startswith(("model.", "ema.")):  # optimizer state: not weights
+                        continue
+                    tensor = tensors.get_tensor(name)
+                    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                        bad.append(f"{file.name}: {name}")
+        except (OSError, SafetensorError) as err:
+            raise CheckpointReadError(f"{file} is not readable ({err})") from err
+    return bad
+
+
 def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_ema: Expected | None = None,
                       may_lack: Iterable[str] = (), ema_may_lack: Iterable[str] = (), resume: bool = False) -> None:
-    """Check a checkpoint folder without loading its tensors; a CheckpointReadError names the file and the cause.
+    """Check a checkpoint folder before anything is loaded from it; a CheckpointReadError names the file and the
+    cause.
 
     Always: model.safetensors and ema.safetensors with sane headers (a sharded checkpoint: `shards/` whose pieces
-    make up every tensor), trainer_state.json a JSON object with the keys sampling needs. With `expected`
+    make up every tensor), trainer_state.json a JSON object with the keys sampling needs, and then weights that are
+    all finite (read one tensor at a time: a checkpoint with a NaN is not complete). With `expected`
     (`expected_ema`): the tensor names, shapes and dtypes of the model (EMA) weights match it, names in `may_lack`
     (`ema_may_lack`) may be absent. With `resume` (what training needs besides): the resume keys of
     trainer_state.json, the optimizer files of each phase in optim/ and the rng files of every rank of the run
@@ -221,6 +246,11 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
             raise CheckpointReadError(f"{where} holds no {part} weights: the checkpoint is not complete")
         if want is not None:
             _check_tensors(where, found, want, lack)
+    bad = nonfinite_weights(path)
+    if bad:
+        raise CheckpointReadError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:3])}"
+                                  f"{' ...' if len(bad) > 3 else ''}; genforge never writes them (a bit flip or "
+                                  "another tool did): the checkpoint is not usable")
     if not resume:
         return
     optim = _stems(path / "optim")

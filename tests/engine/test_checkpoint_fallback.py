@@ -53,7 +53,18 @@ def _wrong_shape(path: Path) -> None:
     save_file(tensors, str(path))
 
 
+def _nan_in(path: Path) -> None:
+    """One weight NaN, as a bit flip or another tool leaves it; the file itself stays well formed."""
+    tensors = load_file(str(path))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(path))
+
+
 DAMAGE = {  # what is done to step-000004, and a word its message must hold
+    "nonfinite_model": (lambda c: _nan_in(c / "model.safetensors"), "non-finite"),
+    "nonfinite_ema": (lambda c: _nan_in(c / "ema.safetensors"), "ema.safetensors"),
     "truncated": (lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:1000]),
                   "model.safetensors"),
     "random_bytes": (lambda c: (c / "model.safetensors").write_bytes(bytes(range(256)) * 40), "model.safetensors"),
@@ -132,7 +143,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*"))}
 
 
-@pytest.mark.parametrize("kind", ["wrong_shape", "json_list", "missing_ema"])
+@pytest.mark.parametrize("kind", ["wrong_shape", "json_list", "missing_ema", "nonfinite_model"])
 def test_sample_and_eval_skip_a_damaged_checkpoint_without_touching_it(kind, runs, tmp_path, monkeypatch):
     run = _damaged_copy(runs, tmp_path, kind)
     before = _snapshot(run)
