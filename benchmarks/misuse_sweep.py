@@ -567,6 +567,9 @@ def value_cases(fx: Fixtures) -> list[Case]:
              lambda folder, state: ["eval", str(fx.good_run()), "--n", "1000000000000"], 2, ("--n",)),
         Case("batch-size-huge-dry-run", f"--set {huge} --dry-run", train_with(huge, dry_run=True), 2,
              ("train.batch_size",)),
+        Case("model-width-absurd", "--set model.backbone.hidden_size=1000000", train_with(
+             "model.backbone.hidden_size=1000000", "model.backbone.num_heads=1"), 1,
+             ("out of memory building the model", "model.*"), no_run_dir),
         Case("lr-nan", "--set train.lr=nan", train_with("train.lr=nan"), 2, ("train.lr",), no_run_dir),
         Case("steps-not-a-number", "--set train.steps=abc", train_with("train.steps=abc"), 2, ("train.steps",),
              no_run_dir),

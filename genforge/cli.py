@@ -11,7 +11,7 @@ import os
 import sys
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -80,11 +80,13 @@ def train(
         return
     _check_writable(target, "--run-dir", keep=False)  # the trainer creates it once the run is accepted
     try:
-        trainer = make_trainer(cfg, target, fresh=fresh)
+        with _enough_memory("building the model"):
+            trainer = make_trainer(cfg, target, fresh=fresh)
     except (ValueError, FileNotFoundError) as err:
         _fail(str(err))
     try:
-        out = trainer.fit()
+        with _enough_memory("training"):
+            out = trainer.fit()
     except (CheckpointReadError, RunDirectoryLocked, BadDataError, DataError, ConfigError) as err:  # bad input: exit 2
         _fail(str(err))
     except Preempted as stop:
@@ -151,6 +153,21 @@ def _check_writable(folder: Path, option: str, keep: bool = True) -> None:
         _fail(f"{option} {folder}: cannot write there ({why})")
 
 
+@contextlib.contextmanager
+def _enough_memory(doing: str) -> Iterator[None]:
+    """Exit 1 saying what ran out instead of a traceback when torch cannot allocate what `doing` needs (a model of
+    absurd width, a batch that cannot fit)."""
+    try:
+        yield
+    except RuntimeError as err:  # the CPU allocator raises a plain RuntimeError, CUDA torch.OutOfMemoryError
+        text = str(err)
+        if not (isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text):
+            raise
+        why = text.split("can't allocate memory: ")[-1].splitlines()[0]
+        _fail(f"out of memory {doing} ({why}); lower the model's sizes (model.*), train.batch_size or "
+              "data.image_size", code=1)
+
+
 def _check_finite(**values: float | None) -> None:
     """Exit 2 naming the option of a NaN or infinite number (typer's min/max let inf through)."""
     for name, value in values.items():
@@ -161,7 +178,8 @@ def _check_finite(**values: float | None) -> None:
 def _open_run(run_dir: Path, compile_blocks: bool = False) -> Run:
     """The run's EMA model on the best device; `compile_blocks`: its blocks compiled (--compile)."""
     try:
-        run = load_run(run_dir)
+        with _enough_memory("loading the run"):
+            run = load_run(run_dir)
     except (ConfigError, ValueError, CheckpointReadError) as err:
         _fail(str(err))
     if compile_blocks:

@@ -62,6 +62,13 @@ def test_absurd_data_sizes_exit_2_naming_them_before_anything_is_created(tmp_pat
     assert out.exit_code == 2 and "--n" in out.output and not (tmp_path / "data").exists()
 
 
+def test_a_model_too_large_for_memory_exits_1_saying_so(tmp_path):
+    out = runner.invoke(app, ["train", "dit-debug", "--run-dir", str(tmp_path / "run"), "--set",
+                              "model.backbone.hidden_size=1000000", "--set", "model.backbone.num_heads=1"])
+    assert out.exit_code == 1 and "out of memory building the model" in out.stderr, out.output
+    assert "Traceback" not in out.output and not (tmp_path / "run").exists()
+
+
 @pytest.fixture
 def old_run(tmp_path):
     run = tmp_path / "run"
