@@ -52,7 +52,7 @@ def sampling_process(cfg: DiffusionConfig, *, model: Model, model_kwargs: dict[s
                      sampler: str, steps: int, cfg_scale: float,
                      null_kwargs: dict[str, Tensor] | None) -> SamplingProcess:
     """What `SAMPLERS[sampler]` runs on for `steps` steps: the model, guided by `cfg_scale` against `null_kwargs`
-    (within `guidance_interval`), on the respaced chain (ddpm, ddim) or as the objective's denoiser with its σ
+    (within `guidance_interval`, on the first `guidance_channels` channels), on the respaced chain (ddpm, ddim) or as the objective's denoiser with its σ
     steps (σ-samplers); `clip`: the data lives in [-1, 1], so every sampler brings x̂₀ into it at each step (clipped,
     or with `cfg.dynamic_threshold` dynamically thresholded). ValueError for a sampler the objective cannot run."""
     entry = SAMPLERS.get(sampler, "--sampler")
@@ -67,7 +67,10 @@ def sampling_process(cfg: DiffusionConfig, *, model: Model, model_kwargs: dict[s
             def active(t: Tensor) -> bool:
                 return lo < objective.sigma_of_time(t[:1].float()).item() <= hi
 
-        model = classifier_free_guidance(model, cfg_scale, null_kwargs, out_channels=channels, active=active)
+        guided = cfg.guidance_channels or channels
+        if guided > channels:
+            raise ValueError(f"model.diffusion.guidance_channels={guided}: the data has only {channels} channels")
+        model = classifier_free_guidance(model, cfg_scale, null_kwargs, out_channels=guided, active=active)
     if entry.discrete:
         chain = build_diffusion(cfg.model_copy(update={"sampler": sampler}), sample_steps=steps)
         return SamplingProcess(model, model_kwargs, clip, dynamic_threshold=cfg.dynamic_threshold, diffusion=chain)

@@ -51,6 +51,11 @@ class DiffusionConfig(StrictModel):
     ddim_eta: Annotated[float, OnResume.CHANGE] = Field(0.0, ge=0.0, le=1.0)
     cfg_scale: Annotated[float, OnResume.CHANGE] = Field(
         4.0, ge=1.0, description="classifier-free guidance scale; 1 disables")
+    guidance_channels: Annotated[int | None, OnResume.CHANGE] = Field(
+        None, ge=1, description="guide only the first this many channels of the prediction, the others taken from the "
+                                "conditional branch; None: every channel of the data. 3 on 4-channel latents is what "
+                                "facebookresearch/DiT's sample.py does (its forward_with_cfg guides eps[:, :3]): "
+                                "set it to compare FIDs with DiT's table (docs/diffusion.md)")
     guidance_interval: Annotated[tuple[float, float] | None, OnResume.CHANGE] = Field(
         None, description="guide only at noise levels σ in (lo, hi] (Kynkäänniemi et al. 2024); None: at every step")
     dynamic_threshold: Annotated[float | None, OnResume.CHANGE] = Field(

@@ -26,6 +26,9 @@ class PerceptualConfig(StrictModel):
                                                                 "own size; Inception: at least 75)")
 
 
+Penalty = Literal["none", "r1", "wgan_gp"]
+
+
 class GANConfig(StrictModel):
     """Patch discriminator trained as a second phase (taming/MUSE VQGAN), with an optional gradient penalty on the
     discriminator: R1 (Mescheder et al. 2018) or WGAN-GP's (Gulrajani et al. 2017) as muse-maskgit-pytorch applies
@@ -38,7 +41,7 @@ class GANConfig(StrictModel):
     adaptive: bool = Field(True, description="taming's adaptive weight ‖∇nll‖/‖∇g‖ on the decoder's last layer")
     channels: int = Field(64, ge=8)
     num_layers: int = Field(3, ge=1, le=6)
-    penalty: Literal["none", "r1", "wgan_gp"] = Field(
+    penalty: Penalty = Field(
         "none", description="gradient penalty of the discriminator phase: r1: γ/2 · N · E‖∇ₓD(x)‖² on real images "
                             "(lazy, scaled by N = penalty_every); wgan_gp: λ · E(‖∇D(x̂)‖₂ − 1)² on penalty_inputs, "
                             "not scaled by N (muse-maskgit-pytorch: λ 10 on the real images)")

@@ -275,6 +275,9 @@ def to_diffusers(task: DiffusionTask, cfg: DiffusionModelConfig, out: Path) -> E
     if d.guidance_interval is not None:
         notes.append(f"model.diffusion.guidance_interval={list(d.guidance_interval)} is not applied by diffusers' "
                      "pipelines (they guide at every step)")
+    if d.guidance_channels is not None:
+        notes.append(f"model.diffusion.guidance_channels={d.guidance_channels} is not applied by diffusers' "
+                     "DiTPipeline (it guides every latent channel)")
     blockers = pipeline_blockers(cfg, task.num_classes, vae is not None)
     parts = {name: model, "vae": vae, "scheduler": scheduler}
     folders = {part: type(obj).__name__ for part, obj in parts.items() if obj is not None}

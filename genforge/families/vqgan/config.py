@@ -11,7 +11,14 @@ from typing import Literal
 from pydantic import Field
 
 from genforge.nn.quantizers import QuantizerConfig
-from genforge.tokenizers.config import ConvStackConfig, GANConfig
+from genforge.tokenizers.config import ConvStackConfig, GANConfig, Penalty
+
+
+class MuseGANConfig(GANConfig):
+    """The patch GAN as MUSE trains its VQGAN: with muse-maskgit-pytorch VQGanVAE's gradient penalty by default,
+    WGAN-GP's λ · (‖∇D(x)‖ − 1)² on the real images, λ 10, every 4 discriminator steps."""
+
+    penalty: Penalty = Field("wgan_gp", description=GANConfig.model_fields["penalty"].description)
 
 
 class VQGANConfig(ConvStackConfig):
@@ -24,4 +31,4 @@ class VQGANConfig(ConvStackConfig):
     z_channels: int = Field(64, ge=1, le=1024, description="channels of the encoder's output and the decoder's "
                                                             "input (the quantizer works on these)")
     quantizer: QuantizerConfig = QuantizerConfig()
-    gan: GANConfig | None = GANConfig()
+    gan: MuseGANConfig | None = MuseGANConfig()

@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from genforge.diffusion.build import sampling_process
+from genforge.diffusion.config import DiffusionConfig
 from genforge.families.diffusion.config import DiTConfig
 from genforge.families.diffusion.dit import DIT_SIZES, DiT
 
@@ -126,3 +128,30 @@ def test_unpatchify_inverts_patchify_layout():
     x = torch.randn(2, 4, 8, 8)
     patches = x.view(2, 4, 4, 2, 4, 2).permute(0, 2, 4, 3, 5, 1).reshape(2, 16, 16)  # [B, N, p·p·C]
     assert torch.equal(model.unpatchify(patches), x)
+
+
+def test_guidance_on_three_channels_is_dits_sample_py_guidance():
+    """model.diffusion.guidance_channels=3 on 4-channel latents: what facebookresearch/DiT's forward_with_cfg does,
+    written out by hand on the same weights: the first 3 channels of ε guided, the 4th and the learned variance
+    taken from the conditional branch."""
+    torch.manual_seed(0)
+    dit = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=5).eval()
+    for p in dit.parameters():  # adaLN-Zero starts at zero: give every output weight a value
+        torch.nn.init.normal_(p, std=0.05)
+    x, t, y = torch.randn(3, 4, 8, 8), torch.tensor([10, 500, 900]), torch.tensor([0, 2, 4])
+    null = torch.full_like(y, 5)
+    cfg = DiffusionConfig(cfg_scale=4.0, guidance_channels=3, sampler="ddpm", sample_steps=5)
+    process = sampling_process(cfg, model=dit, model_kwargs={"y": y}, channels=4, clip=False, sampler="ddpm",
+                               steps=5, cfg_scale=4.0, null_kwargs={"y": null})
+    with torch.no_grad():
+        guided = process.model(x, t, y=y)
+        cond, uncond = dit(x, t, y), dit(x, t, null)
+    eps = uncond[:, :3] + 4.0 * (cond[:, :3] - uncond[:, :3])
+    torch.testing.assert_close(guided, torch.cat([eps, cond[:, 3:]], dim=1))
+    every = sampling_process(cfg.model_copy(update={"guidance_channels": None}), model=dit, model_kwargs={"y": y},
+                             channels=4, clip=False, sampler="ddpm", steps=5, cfg_scale=4.0, null_kwargs={"y": null})
+    with torch.no_grad():
+        assert not torch.allclose(every.model(x, t, y=y)[:, 3], guided[:, 3])  # the 4th channel is guided by default
+    with pytest.raises(ValueError, match="guidance_channels=5"):
+        sampling_process(cfg.model_copy(update={"guidance_channels": 5}), model=dit, model_kwargs={"y": y},
+                         channels=4, clip=False, sampler="ddpm", steps=5, cfg_scale=4.0, null_kwargs={"y": null})

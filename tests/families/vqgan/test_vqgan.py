@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from genforge.app.config import ConfigError, load_config, to_yaml
+from genforge.app.config import ConfigError, config_from_dict, load_config, to_yaml
 from genforge.app.migrations import migrate
 from genforge.core.random import BatchRandom
 from genforge.app.runs import build_task
@@ -139,7 +139,20 @@ FIXTURES = Path(__file__).parents[2] / "fixtures"
 def test_the_presets_penalty_is_muses_gradient_penalty_on_real_images():
     gan = load_config("vqgan-shapes").model.gan
     assert (gan.penalty, gan.penalty_weight, gan.penalty_every, gan.penalty_inputs) == ("wgan_gp", 10.0, 4, "real")
-    assert GANConfig().penalty == "none"
+    assert GANConfig().penalty == "none"  # the other tokenizers' default
+
+
+def test_the_vqgan_familys_default_penalty_is_muses():
+    """A vqgan config that says nothing of the penalty (no gan section, or one without `penalty`) trains with MUSE's;
+    old runs keep theirs: their config.yaml holds every field."""
+    cfg = load_config("vqgan-debug", ["model.gan.penalty=none", "data.image_size=32"]).model_dump(mode="json")
+    del cfg["model"]["gan"]
+    assert config_from_dict(cfg).model.gan.penalty == "wgan_gp"
+    cfg["model"]["gan"] = {"weight": 0.2, "num_layers": 2}
+    gan = config_from_dict(cfg).model.gan
+    assert (gan.penalty, gan.penalty_weight, gan.penalty_every, gan.penalty_inputs) == ("wgan_gp", 10.0, 4, "real")
+    old = load_config(str(FIXTURES / "runs-3f8e24e" / "vqgan" / "config.yaml")).model.gan
+    assert old.penalty == "r1"
 
 
 @pytest.mark.parametrize("fixture", ["runs-42ccac9", "runs-3f8e24e"])
