@@ -56,12 +56,17 @@ def _gan_penalty(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+# the model keys every dvae run's resolved config.yaml holds, the schedule's among them
+_DVAE_RESOLVED_KEYS = frozenset({"anneal_rate", "temperature_start", "temperature_min", "num_tokens", "codebook_dim",
+                                 "hidden_dim", "num_layers"})
+
+
 def _dvae_schedule(raw: dict[str, Any]) -> dict[str, Any]:
-    """3: a dvae config that sets anneal_rate but no temperature_schedule trains with legacy_exp. Every dvae run
-    written before the schedule key holds anneal_rate (resolved configs hold every field), so it resumes with the
-    temperatures it trained with."""
+    """3: a dvae run written before temperature_schedule (a resolved config: anneal_rate among every other key, no
+    schedule) trained with legacy_exp, so it resumes with the temperatures it trained with. A hand-written config
+    that sets anneal_rate alone is left to the config's refusal, which names both schedules of that rate."""
     model = _model(raw, "dvae")
-    if model is not None and "anneal_rate" in model and "temperature_schedule" not in model:
+    if model is not None and _DVAE_RESOLVED_KEYS <= model.keys() and "temperature_schedule" not in model:
         model["temperature_schedule"] = "legacy_exp"
     return raw
 

@@ -11,6 +11,9 @@ from pydantic import Field, model_validator
 from genforge.tokenizers.config import PerceptualConfig, TokenizerConfig
 
 
+SEED_ANNEAL_EVERY = 100  # DALLE-pytorch's train_vae.py anneals τ after every 100th step (`if i % 100 == 0`)
+
+
 class DVAEConfig(TokenizerConfig):
     """Architecture, the Gumbel temperature schedule and the KL weight schedule."""
 
@@ -27,21 +30,22 @@ class DVAEConfig(TokenizerConfig):
     num_tokens: int = Field(512, ge=2, le=65536, description="codebook size K")
     straight_through: bool = Field(False, description="forward the hard one-hot of the Gumbel sample, "
                                                       "backpropagate through the soft one")
-    temperature_schedule: Literal["cosine", "exponential", "legacy_exp"] = Field(
+    temperature_schedule: Literal["cosine", "exponential", "legacy_exp", "compounding"] = Field(
         "cosine", description="Gumbel temperature τ(step): cosine or exponential from temperature_start to "
                               "temperature_min over temperature_anneal_steps, then constant (DALL·E: cosine, 1 -> "
                               "1/16 over 150 000 updates); legacy_exp: max(temperature_min, temperature_start · "
-                              "exp(−anneal_rate · step)) (genforge before this key; a config of schema version 0 that "
-                              "sets anneal_rate without this key means it, as every older run's config.yaml does)")
+                              "exp(−anneal_rate · step)) (genforge's before this key; an old run's config.yaml means "
+                              "it); compounding: DALLE-pytorch train_vae.py's, τ multiplied by exp(−anneal_rate · g) "
+                              "after every 100th step g, floored at temperature_min")
     temperature_start: float = Field(1.0, gt=0.0, description="Gumbel-softmax temperature at step 0")
     temperature_min: float = Field(1 / 16, gt=0.0, description="the final τ of cosine/exponential, the floor of "
                                                                "legacy_exp (DALL·E 1/16; DALLE-pytorch 0.5)")
     temperature_anneal_steps: int = Field(150_000, ge=1, description="cosine/exponential: optimizer steps from "
                                                                      "temperature_start to temperature_min (DALL·E "
                                                                      "150 000)")
-    anneal_rate: float = Field(1e-6, ge=0.0, description="legacy_exp only: τ(step) = max(temperature_min, "
-                                                         "temperature_start · exp(−anneal_rate · step)) "
-                                                         "(DALLE-pytorch 1e-6)")
+    anneal_rate: float = Field(1e-6, ge=0.0, description="legacy_exp and compounding: the rate r of their "
+                                                         "exponentials (DALLE-pytorch 1e-6); setting it needs "
+                                                         "temperature_schedule set too")
     kl_weight: float = Field(0.0, ge=0.0, description="weight of KL(q(z|x) ‖ uniform) in nats per code position "
                                                       "(DALLE-pytorch's kl_div_loss_weight · h · w)")
     kl_warmup_steps: int = Field(0, ge=0, description="the KL weight rises linearly from 0 over these steps")
@@ -51,9 +55,14 @@ class DVAEConfig(TokenizerConfig):
         if self.temperature_min > self.temperature_start:
             raise ValueError(f"model.temperature_min={self.temperature_min} must be <= "
                              f"model.temperature_start={self.temperature_start}")
-        legacy = self.temperature_schedule == "legacy_exp"
-        for name, applies, where in (("anneal_rate", legacy, "legacy_exp"),
-                                     ("temperature_anneal_steps", not legacy, "cosine and exponential")):
+        if "anneal_rate" in self.model_fields_set and "temperature_schedule" not in self.model_fields_set:
+            raise ValueError("model.anneal_rate is the rate of two schedules; name one: "
+                             "model.temperature_schedule=compounding (DALLE-pytorch train_vae.py's: exp(−rate · g) "
+                             "after every 100th step g, compounding) or legacy_exp (genforge's closed form "
+                             "exp(−rate · step), which leaves τ near 1 at the seed's rate)")
+        rated = self.temperature_schedule in ("legacy_exp", "compounding")
+        for name, applies, where in (("anneal_rate", rated, "legacy_exp and compounding"),
+                                     ("temperature_anneal_steps", not rated, "cosine and exponential")):
             default = type(self).model_fields[name].default
             if not applies and getattr(self, name) != default:
                 raise ValueError(f"model.{name}={getattr(self, name)} applies to model.temperature_schedule={where} "
@@ -67,11 +76,16 @@ class DVAEConfig(TokenizerConfig):
         """The Gumbel-softmax temperature τ at optimizer step `step`, with p = min(1, step / anneal_steps):
         cosine       τ = τ_min + (τ_start − τ_min) · ½(1 + cos(π·p))     (DALL·E, Ramesh et al. 2021, app. A.2)
         exponential  τ = τ_start · (τ_min / τ_start)^p                    (geometric: a constant ratio per step)
-        legacy_exp   τ = max(τ_min, τ_start · exp(−anneal_rate · step))   (DALLE-pytorch's rate in closed form; its
-                                                                          train_vae.py compounds it every 100 steps)"""
+        legacy_exp   τ = max(τ_min, τ_start · exp(−anneal_rate · step))   (DALLE-pytorch's rate in closed form)
+        compounding  τ = max(τ_min, τ_start · exp(−anneal_rate · Σ g))     (DALLE-pytorch train_vae.py: τ ← τ ·
+                     exp(−r·g) after each step g = 0, 100, 200, ... before `step`: Σ g = 100 · K(K + 1)/2 with
+                     K = ⌊(step − 1)/100⌋; the floor commutes with the products since τ only falls)"""
         start, end = self.temperature_start, self.temperature_min
         if self.temperature_schedule == "legacy_exp":
             return max(end, start * math.exp(-self.anneal_rate * step))
+        if self.temperature_schedule == "compounding":
+            k = max(0, (step - 1) // SEED_ANNEAL_EVERY)  # the anneals after steps 100, ..., 100k
+            return max(end, start * math.exp(-self.anneal_rate * SEED_ANNEAL_EVERY * k * (k + 1) / 2))
         progress = min(1.0, step / self.temperature_anneal_steps)
         if self.temperature_schedule == "cosine":
             return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))

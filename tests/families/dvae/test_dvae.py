@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from pathlib import Path
 
 from genforge.app.runs import build_task
-from genforge.app.config import ConfigError, load_config, to_yaml
+from genforge.app.config import ConfigError, config_from_dict, load_config, to_yaml
 from genforge.app.migrations import migrate
 from genforge.families.dvae.config import DVAEConfig
 from genforge.data.loader import DataInfo, scan_data_info
@@ -79,10 +79,44 @@ def test_old_run_configs_keep_the_legacy_formula():
         assert cfg.model.temperature_schedule == "legacy_exp"
         assert [cfg.model.temperature(s) for s in (0, 3, 8)] == [1.0, math.exp(-0.3), 0.5]
         assert "temperature_schedule: legacy_exp" in to_yaml(cfg)
-    assert migrate({"model": {"family": "dvae", "anneal_rate": 1e-6}})["model"]["temperature_schedule"] == "legacy_exp"
+    resolved = {"family": "dvae", "anneal_rate": 1e-6, "temperature_start": 1.0, "temperature_min": 0.5,
+                "num_tokens": 32, "codebook_dim": 8, "hidden_dim": 8, "num_layers": 2}
+    assert migrate({"model": resolved})["model"]["temperature_schedule"] == "legacy_exp"
     assert "temperature_schedule" not in migrate({"model": {"family": "dvae", "temperature_min": 0.5}})["model"]
     assert DVAEConfig.model_validate({"anneal_rate": 0.1, "temperature_schedule": "legacy_exp"}).temperature(1) == \
         math.exp(-0.1)
+
+
+def test_a_new_config_setting_anneal_rate_alone_is_refused_naming_both_schedules():
+    """anneal_rate is the rate of legacy_exp and of the seed's compounding schedule, which differ by far (τ 0.99 and
+    0.61 after 10 000 steps at 1e-6): a hand-written config must say which."""
+    with pytest.raises(ConfigError) as refused:
+        config_from_dict({"model": {"family": "dvae", "anneal_rate": 1e-6}})
+    message = str(refused.value)
+    assert "model.anneal_rate" in message and "compounding" in message and "legacy_exp" in message
+    assert config_from_dict({"model": {"family": "dvae", "anneal_rate": 1e-6, "temperature_schedule":
+                                       "compounding"}}).model.temperature_schedule == "compounding"
+
+
+def test_compounding_is_the_seeds_loop_and_far_from_the_closed_form():
+    """DALLE-pytorch train_vae.py: after the step of global step g with g % 100 == 0, τ = max(τ·exp(−r·g), τ_min)
+    (epochs of a multiple of 100 steps); the formula equals that loop, and beside DALL·E's cosine and the closed
+    form it gives τ(0, 1k, 10k, 100k) = 1, 0.9955, 0.6096, 1/16 at the seed's r = 1e-6 and τ_min = 1/16."""
+    r, floor = 1e-6, 1 / 16
+    seed = DVAEConfig(temperature_schedule="compounding", anneal_rate=r, temperature_min=floor)
+    temp, used = 1.0, []
+    for g in range(12_001):  # the seed's loop: the temperature each step trains with, then its anneal
+        used.append(temp)
+        if g % 100 == 0:
+            temp = max(temp * math.exp(-r * g), floor)
+    assert all(seed.temperature(g) == pytest.approx(t, rel=1e-12) for g, t in enumerate(used))
+    closed = DVAEConfig(temperature_schedule="legacy_exp", anneal_rate=r, temperature_min=floor)
+    table = {s: (seed.temperature(s), closed.temperature(s), DVAEConfig().temperature(s))
+             for s in (0, 1_000, 10_000, 100_000)}
+    assert table[0] == (1.0, 1.0, 1.0)
+    assert table[1_000] == pytest.approx((math.exp(-r * 100 * 45), math.exp(-r * 1_000), 0.99990), abs=1e-5)
+    assert table[10_000] == pytest.approx((0.60957, 0.99005, 0.98976), abs=1e-5)
+    assert table[100_000] == pytest.approx((floor, 0.90484, 0.29688), abs=1e-5)
 
 
 def test_a_new_runs_resolved_config_keeps_its_schedule(tmp_path):
