@@ -197,7 +197,7 @@ def test_defaults_are_unchanged():
         "fixed_variance": "small", "loss": "mse", "min_snr_gamma": None, "timestep_sampling": "uniform",
         "timestep_mean": 0.0, "timestep_std": 1.0, "sampler": "ddpm", "sample_steps": 250, "ddim_eta": 0.0,
         "cfg_scale": 4.0, "objective": "ddpm", "flow_shift": 1.0, "sigma_data": 0.5, "p_mean": -1.2, "p_std": 1.2,
-        "rho": 7.0, "guidance_interval": None, "dynamic_threshold": None,
+        "rho": 7.0, "guidance_channels": None, "guidance_interval": None, "dynamic_threshold": None,
     }
     d = build_diffusion(cfg)
     assert (d.var_type, d.loss_type, d.mean_type) == (VarType.LEARNED_RANGE, LossType.MSE, MeanType.EPSILON)
