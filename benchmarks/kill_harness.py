@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
@@ -23,6 +24,15 @@ from genforge.engine.checkpoint import CheckpointDir, load_state, load_tensors, 
 
 # a tiny run that checkpoints often, so a kill can land anywhere: start-up, a step, a checkpoint write
 KILL_RUN = ["train.steps=12", "train.checkpoint_every=2", "train.log_every=1", "train.sample_every=0"]
+
+
+def nan_in(path: Path) -> None:
+    """One weight of a safetensors file NaN, the file otherwise intact (what a bit flip or another tool leaves)."""
+    tensors = load_file(str(path))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(path))
 
 
 def train_argv(run_dir: Path, overrides: list[str], preset: str = "dit-debug") -> list[str]:

@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from safetensors.torch import load_file, save_file
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's genforge, as in the subprocesses
 from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.data.shards import shard_pattern
 from genforge.engine.lock import LOCK_FILE, is_locked
+from kill_harness import nan_in
 
 TRACEBACK = "Traceback (most recent call last)"
 # a quick dit-debug run: checkpoints at steps 2 and 4; running the same command again resumes
@@ -185,15 +184,6 @@ def lock_case() -> Case:
 def header_claiming(path: Path, length: int) -> None:
     """Rewrite the 8-byte header length of a safetensors file."""
     path.write_bytes(struct.pack("<Q", length) + path.read_bytes()[8:])
-
-
-def nan_in(path: Path) -> None:
-    """One weight of a safetensors file NaN, the file otherwise intact (what a bit flip or another tool leaves)."""
-    tensors = load_file(str(path))
-    name = sorted(tensors)[0]
-    tensors[name] = tensors[name].clone()
-    tensors[name].view(-1)[0] = float("nan")
-    save_file(tensors, str(path))
 
 
 def cut(path: Path, size: int) -> None:

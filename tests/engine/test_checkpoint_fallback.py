@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from eval.eval_standins import TinyFeatures
+from kill_harness import nan_in
 from genforge.app.config import load_config
 from genforge.app.runs import load_run, make_trainer
 from genforge.cli import app
@@ -53,18 +54,9 @@ def _wrong_shape(path: Path) -> None:
     save_file(tensors, str(path))
 
 
-def _nan_in(path: Path) -> None:
-    """One weight NaN, as a bit flip or another tool leaves it; the file itself stays well formed."""
-    tensors = load_file(str(path))
-    name = sorted(tensors)[0]
-    tensors[name] = tensors[name].clone()
-    tensors[name].view(-1)[0] = float("nan")
-    save_file(tensors, str(path))
-
-
 DAMAGE = {  # what is done to step-000004, and a word its message must hold
-    "nonfinite_model": (lambda c: _nan_in(c / "model.safetensors"), "non-finite"),
-    "nonfinite_ema": (lambda c: _nan_in(c / "ema.safetensors"), "ema.safetensors"),
+    "nonfinite_model": (lambda c: nan_in(c / "model.safetensors"), "non-finite"),
+    "nonfinite_ema": (lambda c: nan_in(c / "ema.safetensors"), "ema.safetensors"),
     "truncated": (lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:1000]),
                   "model.safetensors"),
     "random_bytes": (lambda c: (c / "model.safetensors").write_bytes(bytes(range(256)) * 40), "model.safetensors"),
