@@ -1,31 +1,26 @@
-"""genforge command line: parses, validates, calls. Bad input or config exits with code 2."""
+"""The commands of `genforge`: each parses, validates, calls. Bad input or config exits with code 2."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import json
 import math
 import os
 import sys
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 import typer
-from typer.core import TyperCommand
 
 from genforge.app.api import Run, default_device, load_run, resolve_precision, sampling_options
 from genforge.app.config import ConfigError, RunConfig, list_presets, load_config, to_yaml
 from genforge.app.encode import encode_dataset
 from genforge.app.export import EXPORT_RECORD, export_run
 from genforge.app.importer import import_run
-from genforge.app.runs import (SamplingOption, build_task, check_data_size, count_parameters,
-                               family_sample_options, flag, load_any_codec, make_trainer, missing_inputs,
-                               resume_changes, run_family, sample_options)
+from genforge.app.runs import (build_task, check_data_size, count_parameters, flag, load_any_codec, make_trainer,
+                               missing_inputs, resume_changes, sample_options)
 from genforge.core.config import MAX_EVAL_SAMPLES, MAX_GRID_SAMPLES, MAX_SAMPLES
 from genforge.core.family import export_targets
 from genforge.core.status import console, status_on_stderr
@@ -42,6 +37,7 @@ from genforge.engine.preemption import Preempted
 from genforge.engine.trainer import TrainingError
 from genforge.eval.distributed import rank_and_world
 from genforge.eval.run import write_eval_results
+from genforge.cli.sampling_flags import SamplingCommand, with_sampling_flags
 from genforge.text.config import TextEncoderConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -199,79 +195,6 @@ def _precision(given: str | None, trained: str, device: str) -> str:
         return resolve_precision(given, trained, device, spell=flag)
     except ValueError as err:
         _fail(str(err))
-
-
-READ_METAVARS = {"image": "IMAGE", "video": "VIDEO", "lines": "FILE", "run": "RUN_DIR"}
-FAMILIES_PANEL = "Options of the families (named in brackets)"
-
-
-def _option_parameter(option: SamplingOption) -> inspect.Parameter:
-    """The typer option of a sampling option's field: `--name VALUE` (a bool: `--name/--no-name`), None when not
-    given, its help the field's description (a family's option: and its families), under a help panel of its own."""
-    types = [t for t in typing.get_args(option.field.annotation) or (option.field.annotation,) if t is not type(None)]
-    kind = next((t for t in (bool, int, float) if t in types and not option.read), str)
-    decls = [f"{option.flag}/--no-{option.flag[2:]}" if kind is bool else option.flag]
-    panel, help_ = ("Sampling options", option.field.description) if option.common else (
-        FAMILIES_PANEL, f"{option.field.description} [{', '.join(option.families)}]")
-    info = typer.Option(*decls, help=help_, metavar=READ_METAVARS.get(option.read or ""), rich_help_panel=panel)
-    return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                             annotation=Annotated[Optional[kind], info])
-
-
-class SamplingFlags:
-    """A command function (`sample`, `eval`) with the sampling options generated from the options models: its
-    signature, of which typer makes the command's parameters, is the function's own plus a typer option per
-    sampling option `command` takes (SampleOptions' fields and every registered family's: `runs.sample_options`),
-    made each time typer builds the command; the function gets the options given as its `given` dict."""
-
-    def __init__(self, function: Callable[..., None], command: str) -> None:
-        functools.update_wrapper(self, function)
-        self.function, self.command = function, command
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        signature = inspect.signature(self.function, eval_str=True)
-        own = [p for p in signature.parameters.values() if p.name != "given"]
-        return signature.replace(parameters=own + [_option_parameter(o) for o in sample_options(self.command)])
-
-    def __call__(self, **kwargs: Any) -> None:
-        names = {option.name for option in sample_options(self.command)}
-        given = {name: kwargs.pop(name) for name in names & set(kwargs)}
-        self.function(**kwargs, given={name: value for name, value in given.items() if value is not None})
-
-
-def with_sampling_flags(command: str) -> Callable[[Callable[..., None]], SamplingFlags]:
-    """Decorator: the command function with the sampling options of `command` (`SamplingFlags`)."""
-    return lambda function: SamplingFlags(function, command)
-
-
-class SamplingCommand(TyperCommand):
-    """`sample` and `eval`: with a run among the arguments, --help lists the common sampling options and those of
-    the run's family only (without one: every family's, each naming its families)."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        family = next((f for f in (run_family(a) for a in args if not a.startswith("-")) if f), None)
-        options = {option.name: option for option in family_sample_options(self.name)}
-        for param in self.params if family else ():
-            option = options.get(param.name or "")
-            if option is not None:
-                param.hidden = family not in option.families
-                param.help = option.field.description
-                param.rich_help_panel = f"Options of {family!r} models"  # type: ignore[attr-defined]
-        return super().parse_args(ctx, args)
-
-    def format_options(self, ctx: typer.Context, formatter: Any) -> None:
-        """The arguments, the command's own options, the common sampling options and the families', a section
-        each (the options' help panels)."""
-        sections: dict[str, list[tuple[str, str]]] = {}
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            title = "Arguments" if param.param_type_name == "argument" else getattr(param, "rich_help_panel", None)
-            if record is not None:
-                sections.setdefault(title or "Options", []).append(record)
-        for title, rows in sections.items():
-            with formatter.section(title):
-                formatter.write_dl(rows)
 
 
 @app.command(cls=SamplingCommand)
