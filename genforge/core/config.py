@@ -17,8 +17,8 @@ from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
 __all__ = ["ConfigChange", "ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig",
-           "MAX_BATCH", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "OnResume", "OptimizerSettings", "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel",
-           "TrainConfig", "config_changes", "on_resume"]
+           "MAX_BATCH", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "OnResume", "OptimizerSettings",
+           "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel", "TrainConfig", "config_changes", "on_resume"]
 
 
 class OnResume(Enum):
@@ -187,7 +187,8 @@ class DataConfig(StrictModel):
         0.1, ge=0.0, le=1.0, description="stop when more than this share of samples read was unreadable")
     max_image_pixels: Annotated[int, OnResume.CHANGE] = Field(
         89_478_485, gt=0, description="larger images are refused as decompression bombs")
-    shuffle_buffer: int = Field(1000, ge=0, le=1_000_000, description="source=shards: records shuffled within each worker's "
+    shuffle_buffer: int = Field(1000, ge=0, le=1_000_000,
+                                description="source=shards: records shuffled within each worker's "
                                                         "stream (0: shard order only)")
     image_embeds: str | None = Field(None, description="source=shards: a folder of per-shard image-embedding files "
                                                        "<prefix>_<shard number>.npy (DALLE2-pytorch's / clip-retrieval's "
@@ -382,7 +383,8 @@ class EvalConfig(StrictModel):
     i3d_weights: str | None = Field(None, description="TorchScript I3D file for metric 'fvd' (StyleGAN-V's "
                                                       "i3d_torchscript.pt); genforge downloads nothing")
     zero_shot_prompt: str = Field("a {}", description="metric zero_shot: the prompt of each class, {} its name")
-    val_loss_batches: int = Field(0, ge=0, le=10_000, description="at each evaluation, also the loss of every phase on this "
+    val_loss_batches: int = Field(0, ge=0, le=10_000,
+                                  description="at each evaluation, also the loss of every phase on this "
                                                        "many held-out batches of train.batch_size, with fixed noise "
                                                        "(val_loss, val/<phase>/loss; train.keep_best may name "
                                                        "val_loss with keep_best_mode=min); 0: none")

@@ -52,9 +52,9 @@ def sampling_process(cfg: DiffusionConfig, *, model: Model, model_kwargs: dict[s
                      sampler: str, steps: int, cfg_scale: float,
                      null_kwargs: dict[str, Tensor] | None) -> SamplingProcess:
     """What `SAMPLERS[sampler]` runs on for `steps` steps: the model, guided by `cfg_scale` against `null_kwargs`
-    (within `guidance_interval`, on the first `guidance_channels` channels), on the respaced chain (ddpm, ddim) or as the objective's denoiser with its σ
-    steps (σ-samplers); `clip`: the data lives in [-1, 1], so every sampler brings x̂₀ into it at each step (clipped,
-    or with `cfg.dynamic_threshold` dynamically thresholded). ValueError for a sampler the objective cannot run."""
+    (within `guidance_interval`, on the first `guidance_channels` channels), on the respaced chain (ddpm, ddim)
+    or as the objective's denoiser with its σ steps (σ-samplers); `clip`: the data lives in [-1, 1], so every
+    sampler brings x̂₀ into it at each step (clipped, or with `cfg.dynamic_threshold` dynamically thresholded). ValueError for a sampler the objective cannot run."""
     entry = SAMPLERS.get(sampler, "--sampler")
     if entry.discrete and cfg.objective != "ddpm":
         raise ValueError(sampler_mismatch(sampler, cfg.objective))

@@ -1,6 +1,11 @@
+import json
+
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from genforge.app.runs import load_run
+from genforge.cli import app
 from genforge.diffusion.build import sampling_process
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.diffusion.config import DiTConfig
@@ -155,3 +160,17 @@ def test_guidance_on_three_channels_is_dits_sample_py_guidance():
     with pytest.raises(ValueError, match="guidance_channels=5"):
         sampling_process(cfg.model_copy(update={"guidance_channels": 5}), model=dit, model_kwargs={"y": y},
                          channels=4, clip=False, sampler="ddpm", steps=5, cfg_scale=4.0, null_kwargs={"y": null})
+
+
+def test_a_finished_run_takes_guidance_channels_as_the_docs_say(tmp_path):
+    """docs/diffusion.md: `genforge train RUN/config.yaml --run-dir RUN --set model.diffusion.guidance_channels=3`
+    trains nothing on a finished run and records the change, which sampling then uses."""
+    run = tmp_path / "run"
+    sets = ["--set", "train.steps=2", "--set", "train.sample_every=0", "--set", "log.progress=false"]
+    assert CliRunner().invoke(app, ["train", "dit-debug", "--run-dir", str(run), *sets]).exit_code == 0
+    again = CliRunner().invoke(app, ["train", str(run / "config.yaml"), "--run-dir", str(run), "--set",
+                                     "model.diffusion.guidance_channels=3"])
+    assert again.exit_code == 0 and "nothing to train" in again.stderr, again.output
+    assert load_run(run).config.model.diffusion.guidance_channels == 3
+    history = [json.loads(line) for line in (run / "config-history.jsonl").read_text().splitlines()]
+    assert history[-1]["changes"] == [{"field": "model.diffusion.guidance_channels", "old": None, "new": 3}]
