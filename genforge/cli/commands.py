@@ -32,7 +32,7 @@ from genforge.data.shapes import write_shapes_folder, write_shapes_shards
 from genforge.data.shards import DataError
 from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
 from genforge.engine.lock import RunDirectoryLocked
-from genforge.engine.logging import Progress, write_samples
+from genforge.engine.logging import Progress, write_per_caption, write_samples
 from genforge.engine.preemption import Preempted
 from genforge.engine.trainer import TrainingError
 from genforge.eval.distributed import rank_and_world
@@ -205,8 +205,12 @@ def sample(
                                              help="number of samples (default: 16, or one per line of --prompts; "
                                                   "-n under torchrun)")]
     = None,
-    out: Annotated[Optional[Path], typer.Option(help="grid to write: .png (images), .gif or .mp4 (clips) (default: "
-                                                  "RUN_DIR/samples/sample-...)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="grid to write: .png (images), .gif or .mp4 (clips); or a "
+                                                  "folder (no suffix): one file per caption, named after it "
+                                                  "(default: RUN_DIR/samples/sample-...)")] = None,
+    format_: Annotated[Optional[str], typer.Option("--format", help="with --out FOLDER: the files' type, png, gif "
+                                                                     "or mp4 (default: png for images, gif for "
+                                                                     "clips)")] = None,
     seed: Annotated[int, typer.Option(min=0)] = 0,
     precision: Annotated[Optional[str], typer.Option(help=PRECISION_HELP)] = None,
     compile_: Annotated[bool, typer.Option("--compile/--no-compile", help=COMPILE_HELP)] = False,
@@ -214,7 +218,8 @@ def sample(
 ) -> None:
     """Write a grid of samples from the run's EMA weights.
 
-    A PNG grid (a GIF or MP4 of clips for video models), and the prompts, one per cell, beside it. Under torchrun
+    A PNG grid (a GIF or MP4 of clips for video models), and the prompts, one per cell, beside it; with --out FOLDER
+    (a path without a suffix), one file per sample, named after its caption. Under torchrun
     the processes split the samples (the grid is the same) and rank 0 writes it. Each family has sampling options
     of its own: `genforge sample RUN_DIR --help` lists those of the run's family."""
     given = given or {}
@@ -222,17 +227,25 @@ def sample(
     if out is not None:  # before sampling: a wrong --out should not cost the samples
         if out.suffix and out.suffix.lower() not in PREVIEW_WRITERS:
             _fail(f"--out {out}: no writer for {out.suffix!r} files; allowed: {', '.join(PREVIEW_WRITERS)}")
-        _check_writable(out.parent, "--out")
+        _check_writable(out.parent if out.suffix else out, "--out")
+    suffix = None
+    if format_ is not None:
+        suffix = "." + format_.lower().lstrip(".")
+        if suffix not in PREVIEW_WRITERS:
+            _fail(f"--format {format_}: allowed: {', '.join(s.lstrip('.') for s in PREVIEW_WRITERS)}")
+        if out is None or out.suffix:
+            _fail(f"--format {format_}: it sets the type of the files of --out FOLDER (a path without a suffix); "
+                  "a grid's type is its --out suffix")
     try:
         _join_process_group()
-        _sample(run_dir, n, out, seed, precision, compile_, given)
+        _sample(run_dir, n, out, seed, precision, compile_, given, suffix)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _sample(run_dir: Path, n: int | None, out: Path | None, seed: int, precision: str | None, compile_: bool,
-            given: dict[str, Any]) -> None:
+            given: dict[str, Any], suffix: str | None = None) -> None:
     """`genforge sample` once its options are read, on every rank of a process group (rank 0 writes)."""
     run = _open_run(run_dir, compile_)
     if out is None:  # the default grid goes into the run: before sampling, as for --out
@@ -257,6 +270,18 @@ def _sample(run_dir: Path, n: int | None, out: Path | None, seed: int, precision
     bar.finish(f"sampled {n} samples")
     if rank != 0:
         return
+    shown = options.model_copy(update={k: None for k, v in options if isinstance(v, torch.Tensor)})  # not --image
+    settings = run.task.sampler_settings(run.task.resolve(shown))
+    if out is not None and not out.suffix:
+        try:
+            files = write_per_caption(run.task, cond, images, out, suffix)
+        except ValueError as err:
+            _fail(str(err))
+        except OSError as err:
+            _fail(f"--out {out}: cannot write it ({err.strerror or err})")
+        typer.echo(f"wrote {n} samples ({json.dumps(settings)}) to {out}/, one file per caption: "
+                   f"{', '.join(f.name for f in files[:3])}{', ...' if len(files) > 3 else ''}")
+        return
     try:
         default = run_dir / "samples" / f"sample-step{run.step:06d}-seed{seed}"
         path = write_samples(run.task, cond, images, out or default)
@@ -264,8 +289,6 @@ def _sample(run_dir: Path, n: int | None, out: Path | None, seed: int, precision
         _fail(str(err))
     except OSError as err:
         _fail(f"--out {out or default}: cannot write it ({err.strerror or err})")
-    shown = options.model_copy(update={k: None for k, v in options if isinstance(v, torch.Tensor)})  # not --image
-    settings = run.task.sampler_settings(run.task.resolve(shown))
     typer.echo(f"wrote {n} samples ({json.dumps(settings)}) to {path}")
     if "text" in cond:
         typer.echo(f"prompts, one per cell in reading order: {path.with_suffix('.txt')}")

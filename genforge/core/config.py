@@ -162,7 +162,9 @@ class JointImagesConfig(StrictModel):
 
     source: str = Field("shapes", description="an image source: shapes, folder, shards")
     path: str | None = Field(None, description="its data.path (an image folder, shards)")
-    ratio: float = Field(0.25, gt=0.0, lt=1.0, description="share of optimizer steps whose batch is images")
+    ratio: float = Field(0.25, gt=0.0, le=1.0, description="share of optimizer steps whose batch is images (1: "
+                                                           "images only, phenaki-pytorch's train_on_images; the "
+                                                           "video source still gives the held-out clips and captions)")
 
 
 class DataConfig(StrictModel):

@@ -339,15 +339,16 @@ def is_image_batch(position: int, ratio: float) -> bool:
 class JointBatches:
     """The micro-batches of a joint image + video run: for each global batch from `start_position` on, its
     `grad_accum` micro-batches all from the clips' loader or all from the images' (`is_image_batch`), an image
-    batch's `image` [B, C, H, W] served as `video` [B, C, 1, H, W] (a 1-frame clip)."""
+    batch's `image` [B, C, H, W] served as `video` [B, C, 1, H, W] (a 1-frame clip). At ratio 1 there are no clip
+    batches (`clips` None: no clip is read)."""
 
-    def __init__(self, clips: DataLoader, images: DataLoader, ratio: float, start_position: int,
+    def __init__(self, clips: DataLoader | None, images: DataLoader, ratio: float, start_position: int,
                  grad_accum: int) -> None:
         self.clips, self.images, self.ratio = clips, images, ratio
         self.start_position, self.grad_accum = start_position, grad_accum
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        clips, images = iter(self.clips), iter(self.images)
+        clips, images = iter(self.clips or ()), iter(self.images)
         for position in itertools.count(self.start_position):
             from_images = is_image_batch(position, self.ratio)
             for _ in range(self.grad_accum):
@@ -369,8 +370,8 @@ def build_train_batches(dataset: Dataset, data: DataConfig, train: TrainConfig, 
     if data.images is not None:
         ratio, image_cfg = data.images.ratio, data.joint_images()
         before = image_batches_before(start_position, ratio)
-        clips = build_train_batches(dataset, data.model_copy(update={"images": None}), train, world_size, rank,
-                                    start_position - before, pin_memory)
+        clips = None if ratio >= 1 else build_train_batches(dataset, data.model_copy(update={"images": None}), train,
+                                                            world_size, rank, start_position - before, pin_memory)
         images = build_train_batches(build_dataset(image_cfg, "train", world_size=world_size), image_cfg,
                                      train.model_copy(update={"seed": mix_seed(train.seed, 1)}), world_size, rank,
                                      before, pin_memory)

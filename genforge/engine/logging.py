@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
+from collections import Counter
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,7 @@ from accelerate import Accelerator
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from genforge.core.config import LogConfig
+from genforge.core.config import ConfigError, LogConfig
 from genforge.core.status import console
 from genforge.core.task import Batch, Task
 from genforge.data.previews import preview_suffix, write_preview
@@ -153,6 +155,31 @@ def write_samples(task: Task, cond: Batch, outputs: Tensor, path: Path) -> Path:
     if not path.suffix:
         path = path.with_name(path.name + preview_suffix(grid))
     return write_preview(grid, path, nrow, captions=cond.get("text"))
+
+
+def caption_slug(caption: str, limit: int = 100) -> str:
+    """A file name stem for a caption: its words joined by '_' (any other character dropped), at most `limit`
+    characters; "caption" when nothing is left."""
+    return re.sub(r"\W+", "_", caption).strip("_")[:limit].rstrip("_") or "caption"
+
+
+def write_per_caption(task: Task, cond: Batch, outputs: Tensor, folder: Path, suffix: str | None = None) -> list[Path]:
+    """Each sample of `sample(cond)` = `outputs` as its own file in `folder`, named by the slug of its caption
+    (phenaki-pytorch's sampled videos; a caption repeated: `_2`, `_3`, ...), of type `suffix` (None: the default for
+    the outputs, e.g. .gif for clips). ConfigError when the samples have no captions."""
+    captions = cond.get("text")
+    if not captions:
+        raise ConfigError("--out DIR writes one file per caption, and these samples have none (a class-conditional "
+                          "or unconditional run); give --out FILE.png (or .gif, .mp4) for a grid")
+    written, seen = [], Counter()
+    for i, caption in enumerate(captions):
+        one = Batch(**{k: v[i : i + 1] for k, v in cond.items()})
+        grid, nrow = task.preview(one, outputs[i : i + 1])
+        stem = caption_slug(caption)
+        seen[stem] += 1
+        name = stem if seen[stem] == 1 else f"{stem}_{seen[stem]}"
+        written.append(write_preview(grid, folder / f"{name}{suffix or preview_suffix(grid)}", nrow))
+    return written
 
 
 class RunLogger:

@@ -22,11 +22,42 @@ class TokenCriticConfig(StrictModel):
     depth: int = Field(2, gt=0)
     width: int | None = Field(None, gt=0, description="default: model.width")
     num_heads: int | None = Field(None, gt=0, description="default: model.num_heads")
+    kind: Literal["separate", "self"] = Field(
+        "separate", description="separate: its own transformer (Token-Critic); self: one linear head on the "
+                                "generator's own hidden states (phenaki-pytorch's self_token_critic, after Nijkamp et "
+                                "al. 2021), trained jointly with it")
+    training: Literal["phase", "joint"] = Field(
+        "phase", description="phase: its own phase `critic`, optimised apart (resume a finished generator with "
+                             "train_phases [critic]); joint: one loss, the generator's + loss_weight × the critic's, "
+                             "in the generator's step (phenaki-pytorch's Phenaki.forward)")
+    loss_weight: float | None = Field(
+        None, gt=0.0, description="training=joint: the critic loss's weight in the sum (phenaki-pytorch's "
+                                  "critic_loss_weight; default 1)")
     noise: Annotated[float, OnResume.CHANGE] = Field(
         1.0, ge=0.0, description="Gumbel noise on the critic's scores when choosing what to re-mask, annealed "
                                  "linearly to 0")
     sample: Annotated[bool, OnResume.CHANGE] = Field(
         True, description="decode with the critic (genforge sample/eval --critic/--no-critic)")
+
+    @model_validator(mode="after")
+    def _training(self) -> "TokenCriticConfig":
+        if self.kind == "self":
+            if self.training != "joint":
+                raise ValueError("model.critic.kind=self shares the generator's transformer, so it trains with it: "
+                                 "set model.critic.training=joint")
+            sizes = sorted({"depth", "width", "num_heads"} & self.model_fields_set)
+            if sizes:
+                raise ValueError(f"model.critic.{sizes[0]}: a self critic (model.critic.kind=self) is a head on the "
+                                 "generator and has no transformer of its own; leave it out")
+        if self.training == "phase" and self.loss_weight is not None:
+            raise ValueError("model.critic.loss_weight weighs the critic in a joint loss: set "
+                             "model.critic.training=joint, or leave loss_weight out")
+        return self
+
+    @property
+    def joint_weight(self) -> float:
+        """The critic loss's weight in the generator's step (0: trained in its own phase)."""
+        return 0.0 if self.training == "phase" else (self.loss_weight or 1.0)
 
 
 class MaskedSampleOptions(SampleOptions):
@@ -103,6 +134,9 @@ class MaskedTokenConfig(FamilyConfig):
             if "critic" in self.train_phases and self.critic is None:
                 raise ValueError("model.train_phases names critic, but there is no model.critic; add e.g. "
                                  "--set model.critic.depth=2")
+            if "critic" in self.train_phases and self.critic.training == "joint":
+                raise ValueError("model.train_phases names critic, but model.critic.training=joint trains the critic "
+                                 "in the generator's step (phase main); set model.critic.training=phase")
         return self
 
     def critic_size(self) -> tuple[int, int, int]:
@@ -111,8 +145,8 @@ class MaskedTokenConfig(FamilyConfig):
         return c.width or self.width, c.depth, c.num_heads or self.num_heads
 
     def phase_names(self) -> tuple[str, ...]:
-        """Every phase of the model: main, and critic with a token critic."""
-        return ("main", "critic") if self.critic is not None else ("main",)
+        """Every phase of the model: main, and critic with a token critic trained in a phase of its own."""
+        return ("main", "critic") if self.critic is not None and self.critic.training == "phase" else ("main",)
 
     def input_runs(self) -> dict[str, InputRun]:
         return self.tokens.input_runs()

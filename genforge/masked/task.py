@@ -3,8 +3,8 @@ with conditioning dropout for classifier-free guidance, and iterative parallel d
 [B, h, w]) and phenaki (video ids [B, t, h, w]) share. A subclass builds the transformer (`build_model`, its own
 position embeddings) and says which ids to decode (`code_shape`); everything else runs on the flattened ids [B, N].
 Positions that padding feeds (`real_positions`: phenaki's token frames of padded video frames) are never targets,
-never counted in the loss's normaliser, and are shown to the transformer as [MASK], so nothing of them reaches the
-loss."""
+never counted in the loss's normaliser, and are removed from self-attention as keys, so nothing of them reaches a real
+token (phenaki-pytorch's `video_mask`)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,11 @@ class MaskedTokenTask(Task):
         encoder = build_text_encoder(cfg.text) if cfg.conditioning == "text" else None
         text_dim = encoder.dim if encoder is not None else 0
         self.model = self.build_model(ctx, source, text_dim)
-        if cfg.critic is not None:  # inside the model: checkpointed and averaged (EMA) with it
+        if cfg.critic is not None and cfg.critic.kind == "separate":  # inside the model: checkpointed, averaged
             width, depth, heads = cfg.critic_size()
             self.model.critic = token_critic(self.make_transformer(width, depth, heads, text_dim))
+        elif cfg.critic is not None:  # self critic: a head on the generator's hidden states
+            self.model.critic_head = critic_head(cfg.width)
         self.phases = tuple(p for p in cfg.phase_names() if cfg.train_phases is None or p in cfg.train_phases)
         self.use_cached_text = False  # embeddings from the cache (genforge encode --text-encoder) instead of `text`
         if encoder is not None:
@@ -108,9 +110,10 @@ class MaskedTokenTask(Task):
 
     def parameters_for(self, phase: str) -> list[nn.Parameter]:
         """critic: the token critic's weights; main: every other trainable weight (the generator, a trainable text
-        encoder)."""
+        encoder, and a critic trained jointly with it)."""
         critic = getattr(self.model, "critic", None)
-        critic_ids = {id(p) for p in critic.parameters()} if critic is not None else set()
+        apart = critic is not None and self.cfg.critic.training == "phase"
+        critic_ids = {id(p) for p in critic.parameters()} if apart else set()
         return [p for p in self.parameters() if p.requires_grad and (id(p) in critic_ids) == (phase == "critic")]
 
     def train(self, mode: bool = True) -> "MaskedTokenTask":
@@ -155,19 +158,20 @@ class MaskedTokenTask(Task):
     # ------------------------------------------------------------------------------------------ training
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Cross-entropy on the masked positions only (MaskGIT eq. 1), averaged over every masked token of the
-        global batch, so any split into processes and accumulation steps gives the same gradient; the phase
-        `critic`: `critic_loss`."""
+        global batch, so any split into processes and accumulation steps gives the same gradient; with a critic
+        trained jointly (model.critic.training=joint), + loss_weight × its `critic_bce` on this step's masks and
+        the generator's own samples (phenaki-pytorch's Phenaki.forward). The phase `critic`: `critic_loss`."""
         if phase == "critic":
             return self.critic_loss(batch)
         ids = self.to_tokens(batch)  # [B, N]
         rng = batch["rng"]
         real = self.global_real_positions(batch, ids.shape[1])  # [G, N] or None: no padding
         masks = self.training_masks(rng, ids.shape[1], real)
+        real = None if real is None else rng.rows(real)  # [B, N]
         drop = rng.rand() < self.cfg.cond_dropout_prob  # [B]: unconditional rows (classifier-free guidance)
         context, context_mask = self.context(batch, drop)
-        hide = masks.hidden if real is None else masks.hidden | ~rng.rows(real)  # padding too
-        shown = ids.masked_fill(hide, self.model.mask_id)
-        hidden = self.model.hidden(shown, context, context_mask)  # [B, N, D]
+        shown = ids.masked_fill(masks.hidden, self.model.mask_id)
+        hidden = self.model.hidden(shown, context, context_mask, real)  # [B, N, D]
         logits = self.model.head(hidden[masks.hidden])  # only the scored positions: [M, K]
         targets = ids[masks.hidden]  # [M]
         ce = F.cross_entropy(logits.float(), targets, reduction="sum", label_smoothing=self.cfg.label_smoothing)
@@ -175,6 +179,15 @@ class MaskedTokenTask(Task):
         with torch.no_grad():
             logs = {"ce": ce.detach() / masks.hidden.sum(), "masked": masks.hidden.float().mean(),
                     "accuracy": (logits.argmax(-1) == targets).float().mean()}
+        weight = 0.0 if self.cfg.critic is None else self.cfg.critic.joint_weight
+        if weight:
+            with torch.no_grad():
+                drawn = draw_tokens(logits.float(), rng.rand(ids.shape[1])[masks.hidden])  # [M]
+            filled = ids.masked_scatter(masks.hidden, drawn)  # [B, N]: the generator's tokens where it was asked
+            critic, critic_logs = self.critic_bce(filled, masks.hidden, batch, drop, real, (context, context_mask))
+            loss = loss + weight * critic
+            logs.update({f"critic_{k}": v for k, v in critic_logs.items()})
+            logs["critic_changed"] = (drawn != targets).float().mean()
         return loss, logs
 
     def global_real_positions(self, batch: Batch, n: int) -> Tensor | None:
@@ -197,27 +210,49 @@ class MaskedTokenTask(Task):
         return TrainingMasks(mask, masked_total)
 
     def critic_loss(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
-        """Token-Critic (Lezama et al. 2022, §3.2, eq. 4): mask ids as in training (γ(r)·N random positions),
-        fill the masked positions with tokens sampled from the generator (no gradient, conditioned), and train the
-        critic to tell which positions were filled: binary cross-entropy against the mask over every token."""
+        """Token-Critic (Lezama et al. 2022, §3.2, eq. 4) as a phase of its own: mask ids as in training (γ(r)·N
+        random positions), fill the masked positions with tokens sampled from the generator (no gradient,
+        conditioned), and train the critic to tell which positions were filled (`critic_bce`)."""
         ids = self.to_tokens(batch)  # [B, N]
         rng = batch["rng"]
         real = self.global_real_positions(batch, ids.shape[1])
-        real = torch.ones_like(ids, dtype=torch.bool) if real is None else rng.rows(real)  # [B, N]
+        real = None if real is None else rng.rows(real)  # [B, N]
         mask = training_mask(rng.rand(), rng.rand(ids.shape[1]), self.cfg.mask_schedule, real)  # [B, N] True = filled
         keep = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
         with torch.no_grad():
             context, context_mask = self.context(batch, keep)
-            logits = self.model(ids.masked_fill(mask | ~real, self.model.mask_id), context, context_mask)[mask].float()
-            cdf = logits.softmax(-1).cumsum(-1)  # [M, K]: one uniform per filled token draws from softmax(logits)
-            drawn = (cdf < rng.rand(ids.shape[1])[mask][:, None] * cdf[:, -1:]).sum(-1)  # [M]
-            filled = ids.masked_scatter(mask, drawn).masked_fill(~real, self.model.mask_id)  # [B, N]: padding masked
-        critic = self.model.critic
-        scores = critic(filled, *self.context(batch, keep, transformer=critic))[..., 0]  # [B, N]: logit of "filled"
-        loss = F.binary_cross_entropy_with_logits(scores[real].float(), mask[real].float())  # the real positions
+            logits = self.model(ids.masked_fill(mask, self.model.mask_id), context, context_mask, real)[mask].float()
+            drawn = draw_tokens(logits, rng.rand(ids.shape[1])[mask])  # [M]
+            filled = ids.masked_scatter(mask, drawn)  # [B, N]
+        loss, logs = self.critic_bce(filled, mask, batch, keep, real)
+        logs["changed"] = (drawn != ids[mask]).float().mean()  # share of filled tokens unlike the real ones
+        return loss, logs
+
+    def critic_context(self, cond: dict[str, Any], drop: Tensor,
+                       generator_context: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """The condition as the critic reads it: a separate critic's own projection of it; a self critic's is the
+        generator's (`generator_context` when the caller has it)."""
+        if self.cfg.critic.kind == "self":
+            return generator_context or self.context(cond, drop)
+        return self.context(cond, drop, transformer=self.model.critic)
+
+    def critic_scores(self, ids: Tensor, context: tuple[Tensor, Tensor], real: Tensor | None = None) -> Tensor:
+        """The critic's logit of "filled in by the generator" for every token of ids [B, N] -> [B, N], given its
+        `critic_context`: a separate critic's head, or a self critic's head over the generator's hidden states."""
+        if self.cfg.critic.kind == "self":
+            return self.model.critic_head(self.model.hidden(ids, *context, real))[..., 0]
+        return self.model.critic(ids, *context, real)[..., 0]
+
+    def critic_bce(self, filled: Tensor, mask: Tensor, cond: dict[str, Any], drop: Tensor, real: Tensor | None,
+                   generator_context: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Token-Critic's objective (eq. 4): binary cross-entropy of `critic_scores(filled)` against `mask` (True =
+        filled by the generator) over the real positions, and its accuracy."""
+        context = self.critic_context(cond, drop, generator_context)
+        scores = self.critic_scores(filled, context, real)  # [B, N]
+        real = torch.ones_like(mask) if real is None else real
+        loss = F.binary_cross_entropy_with_logits(scores[real].float(), mask[real].float())
         with torch.no_grad():
-            logs = {"bce": loss.detach(), "accuracy": ((scores > 0) == mask)[real].float().mean(),
-                    "changed": (drawn != ids[mask]).float().mean()}  # share of filled tokens unlike the real ones
+            logs = {"bce": loss.detach(), "accuracy": ((scores > 0) == mask)[real].float().mean()}
         return loss, logs
 
     # ------------------------------------------------------------------------------------------ sampling
@@ -298,9 +333,8 @@ class MaskedTokenTask(Task):
 
         critic_fn = None
         if s.get("critic"):  # Token-Critic's choice of what to re-mask: high = looks real
-            critic = self.model.critic
-            critic_context = self.context(cond, keep, transformer=critic)
-            critic_fn = lambda ids: -critic(ids, *critic_context)[..., 0]  # noqa: E731
+            critic_context = self.critic_context(cond, keep)
+            critic_fn = lambda ids: -self.critic_scores(ids, critic_context)  # noqa: E731
         shape = self.code_shape(n, options)
 
         def run(start: Tensor | None, generate: Tensor | None) -> Tensor:
@@ -320,12 +354,26 @@ class MaskedTokenTask(Task):
         return run(initial, None)  # MaskGIT: every masked position together
 
 
+def draw_tokens(logits: Tensor, uniforms: Tensor) -> Tensor:
+    """One token per row of logits [M, K] drawn from softmax(logits) by inverting its CDF at `uniforms` [M] in
+    [0, 1) -> long [M] (the caller's seeded draws, so resume is exact)."""
+    cdf = logits.softmax(-1).cumsum(-1)  # [M, K]
+    return (cdf < uniforms[:, None] * cdf[:, -1:]).sum(-1)
+
+
+def critic_head(width: int) -> nn.Linear:
+    """A self critic (phenaki-pytorch's SelfCritic): one logit of "filled in" per token from the generator's hidden
+    states [B, N, width]."""
+    head = nn.Linear(width, 1)
+    nn.init.normal_(head.weight, std=0.02)
+    nn.init.zeros_(head.bias)
+    return head
+
+
 def token_critic(trunk: MaskTransformer) -> MaskTransformer:
     """A token critic from a mask transformer: its head gives one logit per token (of "filled in by the generator")
     instead of a distribution over the codebook."""
-    trunk.head = nn.Linear(trunk.head.in_features, 1)
-    nn.init.normal_(trunk.head.weight, std=0.02)
-    nn.init.zeros_(trunk.head.bias)
+    trunk.head = critic_head(trunk.head.in_features)
     return trunk
 
 

@@ -32,9 +32,10 @@ class MaskTransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, context: Tensor, context_mask: Tensor,
-                rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        # x [B, N, D], context [B, L, D], context_mask bool [B, L], rotary (cos, sin) [N, d] or None
-        x = x + self.dropout(self.attn(self.norm1(x), rotary=rotary))
+                rotary: tuple[Tensor, Tensor] | None = None, keys: Tensor | None = None) -> Tensor:
+        # x [B, N, D], context [B, L, D], context_mask bool [B, L], rotary (cos, sin) [N, d] or None,
+        # keys bool [B, 1, 1, N] (the tokens self-attention may attend to) or None: every token
+        x = x + self.dropout(self.attn(self.norm1(x), keys, rotary=rotary))
         x = x + self.dropout(self.cross_attn(self.norm2(x), context, context_mask))
         return x + self.dropout(self.mlp(self.norm3(x)))  # [B, N, D]
 
@@ -104,14 +105,21 @@ class MaskTransformer(nn.Module):
         (a subclass may add relative ones)."""
         return None
 
-    def hidden(self, ids: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
-        """ids long [B, N] in [0, K] (K = [MASK]) -> final hidden states [B, N, D] (before the head)."""
+    def hidden(self, ids: Tensor, context: Tensor, context_mask: Tensor, real: Tensor | None = None) -> Tensor:
+        """ids long [B, N] in [0, K] (K = [MASK]) -> final hidden states [B, N, D] (before the head).
+
+        `real` bool [B, N] (None: every token): the tokens self-attention attends to; the others (padding) are
+        removed from it as keys (phenaki-pytorch's `video_mask`), so nothing of them reaches a real token's
+        output. A row without real tokens attends to all of them (its outputs are never used)."""
         x = self.embed_dropout(self.embed_tokens(ids))  # [B, N, D]
         rotary = self.rotary(ids.shape[1])
+        keys = None
+        if real is not None:
+            keys = (real | ~real.any(1, keepdim=True))[:, None, None, :]  # [B, 1, 1, N]
         for block in self.blocks:
-            x = block(x, context, context_mask, rotary)
+            x = block(x, context, context_mask, rotary, keys)
         return self.norm(x)  # [B, N, D]
 
-    def forward(self, ids: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
-        """ids [B, N] -> logits [B, N, K]."""
-        return self.head(self.hidden(ids, context, context_mask))
+    def forward(self, ids: Tensor, context: Tensor, context_mask: Tensor, real: Tensor | None = None) -> Tensor:
+        """ids [B, N] -> logits [B, N, K]; `real` as in `hidden`."""
+        return self.head(self.hidden(ids, context, context_mask, real))

@@ -3,7 +3,7 @@ video tokenizer's ids [B, t, h, w] (a cvivit run, or the colour stand-in), with 
 clips [B, C, T, H, W], any 1 + k·(temporal patch) frames (`genforge sample --frames`), or stories: one clip per
 prompt of a sequence, each continuing the last (`genforge sample --story`). Padded clips (data.video.min_frames):
 a token frame is real when all its video frames (and every earlier one) are (`core.codec.token_frame_mask`); the
-others are never hidden, targets or counted, and the transformer sees them as [MASK]."""
+others are never hidden, targets or counted, and self-attention never attends to them (a key mask)."""
 
 from __future__ import annotations
 
