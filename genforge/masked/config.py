@@ -19,7 +19,7 @@ class TokenCriticConfig(StrictModel):
     masked sequence from the real ones; decoding then re-masks the tokens it finds most likely sampled (any token but
     given ones, so a wrong early choice can be revised) instead of the generator's least confident new ones."""
 
-    depth: int = Field(2, gt=0)
+    depth: int | None = Field(None, gt=0, description="layers of a separate critic (default: 2)")
     width: int | None = Field(None, gt=0, description="default: model.width")
     num_heads: int | None = Field(None, gt=0, description="default: model.num_heads")
     kind: Literal["separate", "self"] = Field(
@@ -45,7 +45,7 @@ class TokenCriticConfig(StrictModel):
             if self.training != "joint":
                 raise ValueError("model.critic.kind=self shares the generator's transformer, so it trains with it: "
                                  "set model.critic.training=joint")
-            sizes = sorted({"depth", "width", "num_heads"} & self.model_fields_set)
+            sizes = [name for name in ("depth", "width", "num_heads") if getattr(self, name) is not None]
             if sizes:
                 raise ValueError(f"model.critic.{sizes[0]}: a self critic (model.critic.kind=self) is a head on the "
                                  "generator and has no transformer of its own; leave it out")
@@ -142,7 +142,7 @@ class MaskedTokenConfig(FamilyConfig):
     def critic_size(self) -> tuple[int, int, int]:
         """(width, depth, heads) of the token critic (model.critic, its unset sizes the generator's)."""
         c = self.critic or TokenCriticConfig()
-        return c.width or self.width, c.depth, c.num_heads or self.num_heads
+        return c.width or self.width, c.depth or 2, c.num_heads or self.num_heads
 
     def phase_names(self) -> tuple[str, ...]:
         """Every phase of the model: main, and critic with a token critic trained in a phase of its own."""

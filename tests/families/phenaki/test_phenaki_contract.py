@@ -19,3 +19,12 @@ class TestPhenakiTokenCritic(FamilyContract):
 
     preset = "phenaki-debug"
     overrides = ("model.critic.depth=1",)
+
+
+class TestPhenakiSelfCritic:
+    """A self critic trained jointly with the generator (phenaki-pytorch's self_token_critic, one loss): one phase,
+    resumed bit-identically."""
+
+    preset = "phenaki-debug"
+    overrides = ("model.critic.kind=self", "model.critic.training=joint", "model.critic.loss_weight=0.5")
+    test_resume_is_bit_identical = FamilyContract.test_resume_is_bit_identical
