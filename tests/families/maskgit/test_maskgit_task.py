@@ -73,6 +73,22 @@ def test_loss_is_cross_entropy_on_the_masked_positions_only():
     assert logs["masked"].item() == pytest.approx(mask.float().mean().item())
 
 
+def test_a_self_critic_trains_jointly_and_decodes():
+    """maskgit with a self critic (model.critic.kind=self, training=joint): one phase whose loss is the generator's
+    cross-entropy + the critic's BCE, and decoding that re-masks by the critic's head."""
+    cfg, task, batch = _task_and_batch("model.critic.kind=self", "model.critic.training=joint")
+    batch["rng"] = BatchRandom(0, 1, 0, 8, 0, 8)
+    loss, logs = task.loss(batch, "main", 1)
+    assert task.phases == ("main",) and torch.isfinite(loss) and 0 <= logs["critic_accuracy"] <= 1
+    loss.backward()
+    assert task.model.critic_head.weight.grad.abs().sum() > 0
+    task.eval()
+    gen = torch.Generator().manual_seed(0)
+    options = task.resolve(MaskedSampleOptions(prompt="a red circle"))
+    images = task.sample(task.sample_conditions(2, gen, options), gen, 2, options)
+    assert images.shape[0] == 2 and torch.isfinite(images).all()
+
+
 def test_loss_gradient_does_not_depend_on_how_the_global_batch_is_split():
     _, task, batch = _task_and_batch("model.cond_dropout_prob=0.5", n=8)
 
