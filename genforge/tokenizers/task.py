@@ -12,10 +12,12 @@ Video tokenizers (data of kind "video", batch field `video` [B, C, T, H, W]) use
 reconstruction loss over every frame, the perceptual loss and the 2-D patch discriminator on one randomly drawn
 frame per clip (Phenaki trains C-ViViT's image losses on sampled frames; the draw comes from the batch's
 reproducible random stream), or with `gan.discriminator: patch_3d` a 3-D patch discriminator on the whole clips; a
-subclass may set `video_perceptual` (Phenaki's I3D term on whole clips of more than one frame). Clips with padding (`frame_mask`, data.video.min_frames) keep it out of every loss:
-the losses see only the `loss_frames` (the real ones, or those of a codec's real token frames), the reconstruction
-loss summed over them and divided by their number in the whole global batch, the frame of the image losses drawn
-among them, and the codec is told which frames to keep (`autoencode`'s `keep`: its quantizer sees no padding).
+subclass may set `video_perceptual` (Phenaki's I3D term on whole clips of more than one frame). Clips with padding
+(`frame_mask`, data.video.min_frames) keep it out of every loss: the losses see only the `loss_frames` (the real
+ones, or those of a codec's real token frames), the reconstruction loss summed over them and divided by their
+number in the whole global batch, the frame of the image losses drawn among them, and the codec is told which
+frames to keep (`autoencode`'s `keep`: its quantizer sees no padding); the terms on whole clips (video perceptual,
+3-D discriminator) refuse padded clips in the config.
 """
 
 from __future__ import annotations
@@ -174,13 +176,12 @@ class TokenizerTask(Task):
 
     def discriminator_loss(self, batch: Batch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Hinge loss on real images and this step's reconstructions (clips: one drawn frame of each, or the whole
-        clips with a 3-D discriminator), plus the
-        gradient penalty at every `penalty_every`-th step: lazy R1 (γ/2 · N · R1, Mescheder et al. 2018; StyleGAN2's
-        lazy regularisation), or WGAN-GP's (Gulrajani et al. 2017) λ · E(‖∇D‖₂ − 1)² as muse-maskgit-pytorch
-        computes it: on the real images (penalty_inputs: real; the paper's random interpolates with ε from the
-        batch's random stream: interpolates), with D the sum of the patch logits, not scaled by N; MUSE's trainer sets
-        apply_grad_penalty_every = 4 (its code hands the flag to the generator call, which ignores it, so it in fact
-        penalises every step: penalty_every 1)."""
+        clips with a 3-D discriminator), plus the gradient penalty at every `penalty_every`-th step: lazy R1
+        (γ/2 · N · R1, Mescheder et al. 2018; StyleGAN2's lazy regularisation), or WGAN-GP's (Gulrajani et al. 2017)
+        λ · E(‖∇D‖₂ − 1)² as muse-maskgit-pytorch computes it: on the real images (penalty_inputs: real; the paper's
+        random interpolates with ε from the batch's random stream: interpolates), with D the sum of the patch logits,
+        not scaled by N; MUSE's trainer sets apply_grad_penalty_every = 4 (its code hands the flag to the generator
+        call, which ignores it, so it in fact penalises every step: penalty_every 1)."""
         image, rng = batch[self.field], batch["rng"]
         keep = self.kept_frames(batch, image)
         fake = self._fakes.get((step, rng.offset))

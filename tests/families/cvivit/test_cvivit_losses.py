@@ -47,7 +47,8 @@ DECODER = ("to_first.weight", "to_tubes.weight", "decoder.spatial.0.attn.qkv.wei
 
 def test_the_video_perceptual_term_reaches_the_decoder_and_its_weight_scales_it(i3d):
     """Weight 2 adds twice the term of weight 1: the losses differ by the logged term, the decoder's gradients by the
-    term's own gradient. Image steps (1-frame clips) have no video term; the I3D weights stay out of the task's state."""
+    term's own gradient. Image steps (1-frame clips) have no video term; the I3D weights stay out of the task's
+    state."""
     video = clips()
     losses, logs, grads = {}, {}, {}
     for weight in (1.0, 2.0):
