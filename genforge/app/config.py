@@ -90,6 +90,7 @@ class RunConfig(StrictModel):
                 raise ValueError(f"train.keep_best={self.train.keep_best}: lower is better; set "
                                  "train.keep_best_mode=min")
         self.model.check_data(self.data)
+        self.model.check_eval(self.eval)
         return self
 
 

@@ -135,8 +135,26 @@ def _diffusion_backbone(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _gan_adversarial_weight(raw: dict[str, Any]) -> dict[str, Any]:
+    """7: model.gan.adaptive (true / false, the key before `adversarial_weight`) -> adversarial_weight: adaptive /
+    fixed; the same weight either way."""
+    model = _model(raw)
+    gan = model.get("gan") if model is not None else None
+    if not isinstance(gan, dict) or "adaptive" not in gan:
+        return raw
+    if "adversarial_weight" in gan:
+        raise ValueError("model.gan.adaptive is the former key of model.gan.adversarial_weight (adaptive / fixed); "
+                         "set adversarial_weight alone")
+    adaptive = gan.pop("adaptive")
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"model.gan.adaptive={adaptive!r} must be true or false (today: model.gan.adversarial_weight "
+                         "adaptive or fixed)")
+    gan["adversarial_weight"] = "adaptive" if adaptive else "fixed"
+    return raw
+
+
 MIGRATIONS: tuple[Migration, ...] = (_former_family_names, _gan_penalty, _dvae_schedule, _dalle2_cascade,
-                                     _phenaki_frame_order_loss, _diffusion_backbone)
+                                     _phenaki_frame_order_loss, _diffusion_backbone, _gan_adversarial_weight)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -63,7 +63,8 @@ def build_task(cfg: RunConfig, info: DataInfo | None = None, device: torch.devic
     with torch.device(device) if device is not None else torch.device(torch.get_default_device()):
         codecs = {field: load_input_codec(run, field, cfg.model.family, info, cfg.data.path)
                   for field, run in cfg.model.input_runs().items()}
-        ctx = BuildContext(cfg.data, info, codecs, heldout=HeldOutData(cfg.data), pixel_data=image_data(cfg.data))
+        ctx = BuildContext(cfg.data, info, codecs, heldout=HeldOutData(cfg.data), pixel_data=image_data(cfg.data),
+                           i3d_weights=cfg.eval.i3d_weights)
         task = FAMILIES.get(cfg.model.family).build_task(cfg.model, ctx)
     task.input_references = {field: codec_reference(codec_info) for field, (_, codec_info) in codecs.items()
                              if codec_info.source == "diffusers"}

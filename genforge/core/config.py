@@ -461,6 +461,10 @@ class FamilyConfig(StrictModel):
     def check_data(self, data: DataConfig) -> None:
         """Cross-field checks against the data section (raise ValueError naming the fields)."""
 
+    def check_eval(self, eval: EvalConfig) -> None:
+        """Cross-field checks against the eval section, e.g. a loss that reads one of its feature networks (raise
+        ValueError naming the fields)."""
+
     def input_runs(self) -> dict[str, InputRun]:
         """Earlier runs this model is built from (a frozen tokenizer), by config field; resolved by the application
         layer and handed to the family's builder."""

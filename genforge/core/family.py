@@ -20,13 +20,15 @@ class BuildContext:
     itself (a genforge.data.base.DataInfo), the frozen codecs of its input runs by config field
     (`FamilyConfig.input_runs`), each as (codec module, core.codec.CodecInfo), the run's held-out data (previews,
     reconstructions, default prompts) and the data section of the pixels behind the run's data (itself, or for a
-    cache the section it was encoded from). The application layer resolves all of it; a family never reads data."""
+    cache the section it was encoded from), and the run's I3D file (eval.i3d_weights, which metric fvd reads too), for
+    a loss on I3D features. The application layer resolves all of it; a family never reads data."""
 
     data: DataConfig
     info: Any
     codecs: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     heldout: HeldOut | None = None
     pixel_data: DataConfig | None = None
+    i3d_weights: str | None = None
 
     @property
     def pixels(self) -> DataConfig:

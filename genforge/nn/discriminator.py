@@ -1,4 +1,5 @@
-"""The patch discriminator and GAN terms of VQGAN (Esser et al. 2021, "Taming Transformers", sec. 3.2).
+"""The patch discriminators (2-D on images or frames, 3-D on clips) and GAN terms of VQGAN (Esser et al. 2021,
+"Taming Transformers", sec. 3.2).
 
 PatchGAN (Isola et al. 2017): a stack of stride-2 convolutions whose output is one real/fake logit per
 overlapping patch. GroupNorm instead of taming's BatchNorm, as MUSE's VQGAN does: batch statistics would couple
@@ -18,24 +19,46 @@ def group_norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(groups, channels)
 
 
+def patch_stack(conv: type[nn.Conv2d] | type[nn.Conv3d], in_channels: int, channels: int, num_layers: int,
+                kernel: int | tuple[int, ...]) -> nn.Sequential:
+    """PatchGAN's layers (taming's NLayerDiscriminator, GroupNorm for BatchNorm): a stride-2 conv, `num_layers`
+    widening convs (stride 2 but the last) with GroupNorm, and a conv to one logit per patch; padding 1 everywhere."""
+    layers: list[nn.Module] = [conv(in_channels, channels, kernel, 2, 1), nn.LeakyReLU(0.2)]
+    width = channels
+    for n in range(1, num_layers + 1):
+        stride = 2 if n < num_layers else 1  # the last widening conv keeps the resolution
+        out = channels * min(2**n, 8)
+        layers += [conv(width, out, kernel, stride, 1, bias=False), group_norm(out), nn.LeakyReLU(0.2)]
+        width = out
+    layers.append(conv(width, 1, kernel, 1, 1))
+    return nn.Sequential(*layers)
+
+
 class PatchDiscriminator(nn.Module):
     """image [B, C, H, W] -> logits [B, 1, h, w]; `num_layers` stride-2 convolutions (receptive field 70 px
     at 3 layers); the input side must be at least 2**num_layers * 4 pixels."""
 
     def __init__(self, in_channels: int = 3, channels: int = 64, num_layers: int = 3) -> None:
         super().__init__()
-        layers: list[nn.Module] = [nn.Conv2d(in_channels, channels, 4, 2, 1), nn.LeakyReLU(0.2)]
-        width = channels
-        for n in range(1, num_layers + 1):
-            stride = 2 if n < num_layers else 1  # the last widening conv keeps the resolution
-            out = channels * min(2**n, 8)
-            layers += [nn.Conv2d(width, out, 4, stride, 1, bias=False), group_norm(out), nn.LeakyReLU(0.2)]
-            width = out
-        layers.append(nn.Conv2d(width, 1, 4, 1, 1))
-        self.net = nn.Sequential(*layers)
+        self.net = patch_stack(nn.Conv2d, in_channels, channels, num_layers, 4)
 
     def forward(self, image: Tensor) -> Tensor:
         return self.net(image)
+
+
+class SpatioTemporalPatchDiscriminator(nn.Module):
+    """clip [B, C, T, H, W] -> logits [B, 1, t, h, w]: the PatchGAN above with 3-D convolutions, one real/fake
+    logit per spatio-temporal patch of the whole clip (as TATS's video discriminator, Ge et al. 2022, and the 3-D
+    discriminators of MAGVIT, Yu et al. 2023), so it judges motion as well as frames. Kernels 3 x 4 x 4: in space
+    the 2-D layers' sizes (sides of at least 2**num_layers * 4 pixels); in time padding 1 and stride 2 where the
+    space is halved, t = ceil(T / 2**num_layers), so any T >= 1 works (an image step's 1-frame clips too)."""
+
+    def __init__(self, in_channels: int = 3, channels: int = 64, num_layers: int = 3) -> None:
+        super().__init__()
+        self.net = patch_stack(nn.Conv3d, in_channels, channels, num_layers, (3, 4, 4))
+
+    def forward(self, clip: Tensor) -> Tensor:
+        return self.net(clip)
 
 
 def hinge_discriminator_loss(real_logits: Tensor, fake_logits: Tensor) -> Tensor:

@@ -201,27 +201,36 @@ class I3DFeatures(nn.Module):
     Kinetics-400 I3D (Carreira & Zisserman 2017) in StyleGAN-V's TorchScript port of the TF-Hub model, from a local
     file. Its `forward(x, rescale, resize, return_features)` takes clips [B, 3, T, H, W] with pixel values in
     [0, 255], rescales them to [-1, 1] and resizes the frames to 224 x 224 itself (as StyleGAN-V calls it) and
-    returns [B, 400] features."""
+    returns [B, 400] features. The same file serves FVD (`forward`: no gradient, uint8 values) and C-ViViT's video
+    perceptual loss (`features`: differentiable); `needed_by` names the user of the file in its errors."""
 
     dim = 400
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, needed_by: str = "metric 'fvd'") -> None:
         super().__init__()
         if path is None:
-            raise FeatureNetworkUnavailable(f"metric 'fvd' needs {I3D_HINT}")
+            raise FeatureNetworkUnavailable(f"{needed_by} needs {I3D_HINT}")
         if not Path(path).is_file():
-            raise FeatureNetworkUnavailable(f"eval.i3d_weights: {path} is not a file; metric 'fvd' needs {I3D_HINT}")
+            raise FeatureNetworkUnavailable(f"eval.i3d_weights: {path} is not a file; {needed_by} needs {I3D_HINT}")
         self.path = Path(path)
         self.net = torch.jit.load(str(path), map_location="cpu").eval()
+
+    def of_pixels(self, pixels: Tensor) -> Tensor:
+        """Features [B, D] of clips [B, C, T, H, W] of pixel values in [0, 255] (C = 1 repeated to RGB)."""
+        if pixels.shape[1] == 1:
+            pixels = pixels.expand(-1, 3, -1, -1, -1)
+        return self.net(pixels, rescale=True, resize=True, return_features=True).float()
+
+    def features(self, clips: Tensor) -> Tensor:
+        """Differentiable features [B, D] of clips [B, C, T, H, W] in [-1, 1], neither clamped nor quantised (a
+        training loss's gradient reaches every pixel)."""
+        return self.of_pixels((clips.float() + 1) * 127.5)
 
     @torch.no_grad()
     def forward(self, clips: Tensor) -> Tensor:
         """Features [B, D] of clips [B, C, T, H, W] in [-1, 1] (C = 1 repeated to RGB), quantised to uint8 values
         first, as FVD scores videos."""
-        if clips.shape[1] == 1:
-            clips = clips.expand(-1, 3, -1, -1, -1)
-        pixels = ((clips.float().clamp(-1, 1) + 1) * 127.5).round()  # [B, 3, T, H, W] in {0, ..., 255}
-        return self.net(pixels, rescale=True, resize=True, return_features=True).float()
+        return self.of_pixels(((clips.float().clamp(-1, 1) + 1) * 127.5).round())  # values in {0, ..., 255}
 
 
 # VGG16 configuration "D": channels per 3x3 conv (each followed by a ReLU), "M" = 2x2 max pool. Indices of

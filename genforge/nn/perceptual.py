@@ -1,5 +1,6 @@
 """LPIPS-style perceptual distance (Zhang et al. 2018), a training loss of the tokenizers (and metric
-`perceptual`), over a frozen feature network of genforge.nn.features."""
+`perceptual`), over a frozen feature network of genforge.nn.features; and the video perceptual distance of
+C-ViViT (Villegas et al. 2022) on the I3D features FVD uses."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from genforge.core.status import console
-from genforge.nn.features import FeatureNetworkUnavailable, FrozenFeatures, InceptionFeatures, VGG16Features
+from genforge.nn.features import (FeatureNetworkUnavailable, FrozenFeatures, I3DFeatures, InceptionFeatures,
+                                  VGG16Features)
 from genforge.nn.frozen import Frozen
 
 
@@ -68,3 +70,26 @@ class PerceptualLoss(nn.Module):
             per_pixel = (diff * lin[k] if lin is not None else diff).sum(1)  # [B, H, W]
             total = total + per_pixel.mean((1, 2))
         return total
+
+
+class VideoPerceptualLoss(nn.Module):
+    """Phenaki's video perceptual loss L_VP (Villegas et al. 2022, C-ViViT's objective): the distance between the
+    I3D features (Carreira & Zisserman 2017) of a reconstructed clip and of the clip, taken as a feature
+    reconstruction loss (Johnson et al. 2016, eq. 2: the squared Euclidean distance normalised by the feature size),
+    i.e. the mean over the D features of (φ(x̂) − φ(x))². φ is the I3D TorchScript FVD reads (`eval.i3d_weights`,
+    genforge.nn.features.I3DFeatures), held by `Frozen`: out of the task's state dict and parameters."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        super().__init__()
+        net = I3DFeatures(path, needed_by="the video perceptual loss (model.video_perceptual.weight > 0)")
+        self.net = Frozen(net)
+        console().info(f"video perceptual distance: I3D features ({net.path})")
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        """Per-clip distance [B] between clips x and y [B, C, T, H, W] (float in [-1, 1]); 0 for identical clips.
+        The gradient reaches x (and y when it requires one)."""
+        net = self.net.on(x.device)
+        fx = net.features(x)  # [B, D]
+        with torch.set_grad_enabled(torch.is_grad_enabled() and y.requires_grad):
+            fy = net.features(y)
+        return (fx - fy).square().mean(1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -27,18 +27,26 @@ class PerceptualConfig(StrictModel):
 
 
 Penalty = Literal["none", "r1", "wgan_gp"]
+Discriminator = Literal["patch_2d", "patch_3d"]
+AdversarialWeight = Literal["adaptive", "fixed"]
 
 
 class GANConfig(StrictModel):
     """Patch discriminator trained as a second phase (taming/MUSE VQGAN), with an optional gradient penalty on the
     discriminator: R1 (Mescheder et al. 2018) or WGAN-GP's (Gulrajani et al. 2017) as muse-maskgit-pytorch applies
-    it. The former keys r1_weight / r1_every (runs written before `penalty`) still load, migrated to penalty: r1
-    (genforge.app.migrations)."""
+    it. The former keys r1_weight / r1_every (runs written before `penalty`) and `adaptive: true/false` (before
+    `adversarial_weight`) still load, migrated (genforge.app.migrations)."""
 
-    weight: float = Field(0.1, ge=0.0, description="disc_weight: scales the adaptive adversarial weight")
+    weight: float = Field(0.1, ge=0.0, description="disc_weight: the adversarial term's weight (adversarial_weight "
+                                                   "fixed), or the factor of taming's adaptive weight (adaptive)")
     start_step: int = Field(0, ge=0, description="the generator's adversarial term is on from this step; the "
                                                  "discriminator trains from step 0")
-    adaptive: bool = Field(True, description="taming's adaptive weight ‖∇nll‖/‖∇g‖ on the decoder's last layer")
+    adversarial_weight: AdversarialWeight = Field(
+        "adaptive", description="adaptive: weight · taming's λ = ‖∇nll‖/‖∇g‖ on the decoder's last layer (Esser et "
+                                "al. 2021, eq. 7); fixed: `weight` alone (Phenaki's 0.1, Villegas et al. 2022)")
+    discriminator: Discriminator = Field(
+        "patch_2d", description="patch_2d: PatchGAN on images (video tokenizers: on one drawn frame of each clip); "
+                                "patch_3d: a 3-D PatchGAN over whole clips (video tokenizers only)")
     channels: int = Field(64, ge=8)
     num_layers: int = Field(3, ge=1, le=6)
     penalty: Penalty = Field(
@@ -73,6 +81,8 @@ DISCRETE_TOKENIZER_TRAITS = TOKENIZER_TRAITS.but(roles=("tokenizer", "discrete")
 class TokenizerConfig(FamilyConfig):
     """Base of the tokenizer families' configs."""
 
+    video: ClassVar[bool] = False  # a video tokenizer (clips [B, C, T, H, W]): may judge whole clips
+
     reconstruction_loss: ReconstructionLoss = "l1"
     perceptual: PerceptualConfig = PerceptualConfig()
     gan: GANConfig | None = None
@@ -91,6 +101,14 @@ class TokenizerConfig(FamilyConfig):
         if self.gan is not None and data.image_size < 4 * 2**self.gan.num_layers:
             raise ValueError(f"model.gan.num_layers={self.gan.num_layers} needs data.image_size >= "
                              f"{4 * 2**self.gan.num_layers}; got {data.image_size}")
+        if self.gan is not None and self.gan.discriminator == "patch_3d":
+            if not self.video:
+                raise ValueError(f"model.gan.discriminator=patch_3d judges whole clips; model.family={self.family} "
+                                 "is an image tokenizer (use patch_2d)")
+            if data.video.min_frames is not None:
+                raise ValueError(f"model.gan.discriminator=patch_3d sees whole clips, padding included: it does not "
+                                 f"take padded clips (data.video.min_frames={data.video.min_frames}); use patch_2d, "
+                                 "which draws a real frame of each clip")
 
 
 class ConvStackConfig(TokenizerConfig):

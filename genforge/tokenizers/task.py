@@ -1,7 +1,8 @@
 """TokenizerTask: the training objective the image tokenizers share (taming's VQLPIPSWithDiscriminator and
 LPIPSWithDiscriminator, Esser et al. 2021), with the family-specific parts left to subclasses.
 
-generator phase:     L = rec(x̂, x) + w_p·perceptual(x̂, x) + regulariser + λ·w_gan·(−E[D(x̂)])   (step ≥ start)
+generator phase:     L = rec(x̂, x) + w_p·perceptual(x̂, x) [+ w_vp·video_perceptual(x̂, x)] + regulariser
+                         + λ·w_gan·(−E[D(x̂)])   (step ≥ start; λ: taming's adaptive weight, or 1: fixed)
 discriminator phase: hinge(D(x), D(x̂.detach())) + the gradient penalty of `gan.penalty` every N steps:
                      r1: γ/2·N·E‖∇ₓD(x)‖² (lazy R1)   wgan_gp: λ·E(‖∇D(x)‖₂ − 1)² (MUSE: on the real images)
 A subclass builds `self.autoencoder` (the codec) and implements `autoencode` (x -> x̂, its regulariser and
@@ -10,10 +11,13 @@ its logs) and `last_layer` (the decoder weight λ is measured on).
 Video tokenizers (data of kind "video", batch field `video` [B, C, T, H, W]) use the same losses: the
 reconstruction loss over every frame, the perceptual loss and the 2-D patch discriminator on one randomly drawn
 frame per clip (Phenaki trains C-ViViT's image losses on sampled frames; the draw comes from the batch's
-reproducible random stream). Clips with padding (`frame_mask`, data.video.min_frames) keep it out of every loss:
-the losses see only the `loss_frames` (the real ones, or those of a codec's real token frames), the reconstruction
-loss summed over them and divided by their number in the whole global batch, the frame of the image losses drawn
-among them, and the codec is told which frames to keep (`autoencode`'s `keep`: its quantizer sees no padding).
+reproducible random stream), or with `gan.discriminator: patch_3d` a 3-D patch discriminator on the whole clips; a
+subclass may set `video_perceptual` (Phenaki's I3D term on whole clips of more than one frame). Clips with padding
+(`frame_mask`, data.video.min_frames) keep it out of every loss: the losses see only the `loss_frames` (the real
+ones, or those of a codec's real token frames), the reconstruction loss summed over them and divided by their
+number in the whole global batch, the frame of the image losses drawn among them, and the codec is told which
+frames to keep (`autoencode`'s `keep`: its quantizer sees no padding); the terms on whole clips (video perceptual,
+3-D discriminator) refuse padded clips in the config.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ from genforge.core.config import SampleOptions
 from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, global_rows, interleave_rows
-from genforge.nn.perceptual import PerceptualLoss
-from genforge.nn.discriminator import (PatchDiscriminator, adaptive_weight, gradient_penalty, hinge_discriminator_loss,
-                                      interpolates, r1_penalty)
+from genforge.nn.perceptual import PerceptualLoss, VideoPerceptualLoss
+from genforge.nn.discriminator import (PatchDiscriminator, SpatioTemporalPatchDiscriminator, adaptive_weight,
+                                      gradient_penalty, hinge_discriminator_loss, interpolates, r1_penalty)
 from genforge.tokenizers.config import TokenizerConfig
 
 RECONSTRUCTION_LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss, "smooth_l1": F.smooth_l1_loss}
@@ -51,9 +55,13 @@ class TokenizerTask(Task):
         if cfg.perceptual.weight > 0:
             p = cfg.perceptual
             self.perceptual = PerceptualLoss(p.network, p.weights_path, p.resize)
+        # a video tokenizer (cvivit) may set Phenaki's video perceptual loss and its weight
+        self.video_perceptual: VideoPerceptualLoss | None = None
+        self.video_perceptual_weight = 0.0
         self.discriminator = None
         if cfg.gan is not None:
-            self.discriminator = PatchDiscriminator(ctx.info.channels, cfg.gan.channels, cfg.gan.num_layers)
+            judge = SpatioTemporalPatchDiscriminator if cfg.gan.discriminator == "patch_3d" else PatchDiscriminator
+            self.discriminator = judge(ctx.info.channels, cfg.gan.channels, cfg.gan.num_layers)
             self.phases = ("generator", "discriminator")
         self._fakes: dict[tuple[int, int], Tensor] = {}  # reconstructions of this step, for the discriminator
 
@@ -128,6 +136,11 @@ class TokenizerTask(Task):
         """Images [B, C, H, W] as they are; clips [B, C, T, H, W] -> frame index[b] of each clip [B, C, H, W]."""
         return x if index is None else x[torch.arange(len(x), device=x.device), :, index]
 
+    def adversarial_input(self, x: Tensor, index: Tensor | None) -> Tensor:
+        """What the discriminator judges: the whole clips x [B, C, T, H, W] (gan.discriminator patch_3d), else images
+        or the frame index[b] of each clip [B, C, H, W] (patch_2d)."""
+        return x if self.cfg.gan.discriminator == "patch_3d" else self.as_frames(x, index)
+
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         if phase == "discriminator":
             return self.discriminator_loss(batch, step)
@@ -141,15 +154,20 @@ class TokenizerTask(Task):
                                          self.as_frames(image, frame)[:, :3]).mean()
             logs["perceptual"] = perceptual.detach()
             nll = nll + self.cfg.perceptual.weight * perceptual
+        if self.video_perceptual is not None and image.ndim == 5 and image.shape[2] > 1:  # clips, not image steps
+            video_perceptual = self.video_perceptual(recon[:, :3], image[:, :3]).mean()
+            logs["video_perceptual"] = video_perceptual.detach()
+            nll = nll + self.video_perceptual_weight * video_perceptual
         loss = nll + regulariser
+        logs["regulariser"] = regulariser.detach().float()
         gan = self.cfg.gan
         if gan is not None:
             self._fakes = {k: v for k, v in self._fakes.items() if k[0] == step}  # keep this step's only
             self._fakes[(step, rng.offset)] = recon.detach()
             if step >= gan.start_step and gan.weight > 0:
-                generator_loss = -self.discriminator(self.as_frames(recon, frame)).float().mean()
+                generator_loss = -self.discriminator(self.adversarial_input(recon, frame)).float().mean()
                 weight = gan.weight
-                if gan.adaptive and torch.is_grad_enabled():
+                if gan.adversarial_weight == "adaptive" and torch.is_grad_enabled():
                     weight = weight * adaptive_weight(nll, generator_loss, self.last_layer())
                     logs["adaptive_weight"] = torch.as_tensor(weight).detach()
                 logs["generator_adversarial"] = generator_loss.detach()
@@ -157,13 +175,13 @@ class TokenizerTask(Task):
         return loss, logs
 
     def discriminator_loss(self, batch: Batch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """Hinge loss on real images and this step's reconstructions (clips: one drawn frame of each), plus the
-        gradient penalty at every `penalty_every`-th step: lazy R1 (γ/2 · N · R1, Mescheder et al. 2018; StyleGAN2's
-        lazy regularisation), or WGAN-GP's (Gulrajani et al. 2017) λ · E(‖∇D‖₂ − 1)² as muse-maskgit-pytorch
-        computes it: on the real images (penalty_inputs: real; the paper's random interpolates with ε from the
-        batch's random stream: interpolates), with D the sum of the patch logits, not scaled by N; MUSE's trainer sets
-        apply_grad_penalty_every = 4 (its code hands the flag to the generator call, which ignores it, so it in fact
-        penalises every step: penalty_every 1)."""
+        """Hinge loss on real images and this step's reconstructions (clips: one drawn frame of each, or the whole
+        clips with a 3-D discriminator), plus the gradient penalty at every `penalty_every`-th step: lazy R1
+        (γ/2 · N · R1, Mescheder et al. 2018; StyleGAN2's lazy regularisation), or WGAN-GP's (Gulrajani et al. 2017)
+        λ · E(‖∇D‖₂ − 1)² as muse-maskgit-pytorch computes it: on the real images (penalty_inputs: real; the paper's
+        random interpolates with ε from the batch's random stream: interpolates), with D the sum of the patch logits,
+        not scaled by N; MUSE's trainer sets apply_grad_penalty_every = 4 (its code hands the flag to the generator
+        call, which ignores it, so it in fact penalises every step: penalty_every 1)."""
         image, rng = batch[self.field], batch["rng"]
         keep = self.kept_frames(batch, image)
         fake = self._fakes.get((step, rng.offset))
@@ -177,8 +195,8 @@ class TokenizerTask(Task):
         penalise = gan.penalty != "none" and gan.penalty_weight > 0 and step % gan.penalty_every == 0
         on_real = penalise and gan.penalty_inputs == "real"  # r1, and wgan_gp as MUSE takes it
         frame = self.frame_draw(image, rng, keep)
-        real = self.as_frames(image, frame).detach().requires_grad_(on_real)
-        fake = self.as_frames(fake, frame).detach()
+        real = self.adversarial_input(image, frame).detach().requires_grad_(on_real)
+        fake = self.adversarial_input(fake, frame).detach()
         real_logits = self.discriminator(real)
         fake_logits = self.discriminator(fake)
         loss = hinge_discriminator_loss(real_logits.float(), fake_logits.float())

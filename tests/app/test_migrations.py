@@ -81,3 +81,17 @@ def test_an_old_key_set_on_todays_spelling_sets_that_key_of_the_backbone():
     assert load_config("dit-debug", ["model.backbone=unet", "model.unet.dim=16"]).model.backbone.dim == 16
     with pytest.raises(ConfigError, match="model.unet sets the unet backbone's keys, but model.backbone.kind is dit"):
         load_config("dit-debug", ["model.unet.dim=16"])
+
+
+@pytest.mark.parametrize("adaptive, weight", [(True, "adaptive"), (False, "fixed")])
+def test_the_former_gan_adaptive_flag_is_the_adversarial_weight_choice(adaptive, weight):
+    """7: model.gan.adaptive true / false (before adversarial_weight) is adversarial_weight adaptive / fixed: the old
+    runs (cvivit's and vqgan's fixtures say adaptive: true) keep taming's adaptive weight."""
+    migrated = migrate({"model": {"family": "vqgan", "gan": {"weight": 0.1, "adaptive": adaptive}}})
+    assert migrated["model"]["gan"] == {"weight": 0.1, "adversarial_weight": weight}
+    for run in ("cvivit", "vqgan"):
+        assert yaml.safe_load((FIXTURES / "runs-3f8e24e" / run / "config.yaml").read_text())["model"]["gan"]["adaptive"]
+        assert load_config(str(FIXTURES / "runs-3f8e24e" / run / "config.yaml")).model.gan.adversarial_weight == \
+            "adaptive"
+    with pytest.raises(ValueError, match="set adversarial_weight alone"):
+        migrate({"model": {"family": "vqgan", "gan": {"adaptive": adaptive, "adversarial_weight": weight}}})

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from genforge.nn.discriminator import (PatchDiscriminator, adaptive_weight, gradient_penalty, hinge_discriminator_loss,
-                                      interpolates, r1_penalty)
+from genforge.nn.discriminator import (PatchDiscriminator, SpatioTemporalPatchDiscriminator, adaptive_weight,
+                                      gradient_penalty, hinge_discriminator_loss, interpolates, r1_penalty)
 
 
 def test_hinge_loss_on_known_logits():
@@ -85,3 +85,18 @@ def test_patch_discriminator_gives_one_logit_per_patch(size, num_layers, expecte
     out = d(torch.randn(2, 3, size, size))
     # stride-2 4x4 convs halve the side num_layers times; the two stride-1 4x4 convs (padding 1) take 1 each
     assert out.shape == (2, 1, expected, expected) == (2, 1, size // 2**num_layers - 2, size // 2**num_layers - 2)
+
+
+@pytest.mark.parametrize("frames,num_layers,expected_t", [(1, 2, 1), (5, 2, 2), (11, 3, 2), (17, 3, 3)])
+def test_the_3d_patch_discriminator_gives_one_logit_per_spatio_temporal_patch(frames, num_layers, expected_t):
+    """Space as the 2-D one; time: ceil(T / 2**num_layers) (stride-2 convs of kernel 3, padding 1), any T >= 1.
+    Every logit's patch spans frames, and every frame reaches some logit."""
+    torch.manual_seed(0)
+    d = SpatioTemporalPatchDiscriminator(3, channels=8, num_layers=num_layers)
+    side = 4 * 2**num_layers
+    clip = torch.randn(2, 3, frames, side, side, requires_grad=True)
+    out = d(clip)
+    spatial = PatchDiscriminator(3, channels=8, num_layers=num_layers)(clip[:, :, 0]).shape[-2:]
+    assert out.shape == (2, 1, expected_t, *spatial)
+    (grad,) = torch.autograd.grad(out.sum(), clip)
+    assert (grad.abs().sum((0, 1, 3, 4)) > 0).all()  # it sees every frame of the clip

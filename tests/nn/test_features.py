@@ -4,9 +4,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from fake_vgg16 import vgg_state
+
 from genforge.data.shapes import render_batch
 from genforge.nn import features
-from genforge.nn.features import (LPIPS_CHANNELS, VGG16_LAYOUT, FeatureNetworkUnavailable, InceptionFeatures,
+from genforge.nn.features import (LPIPS_CHANNELS, FeatureNetworkUnavailable, InceptionFeatures,
                                   VGG16Features, fid_inception_path)
 from genforge.nn.perceptual import PerceptualLoss
 
@@ -19,21 +21,6 @@ def inception():
 @pytest.fixture(scope="module")
 def perceptual():
     return PerceptualLoss("inception")
-
-
-def vgg_state() -> dict[str, torch.Tensor]:
-    """Random VGG16 conv weights under torchvision's key names (He init, so activations stay in range)."""
-    gen = torch.Generator().manual_seed(0)
-    state, channels, index = {}, 3, 0
-    for item in VGG16_LAYOUT:
-        if item == "M":
-            index += 1
-            continue
-        he_std = (2 / (9 * channels)) ** 0.5
-        state[f"features.{index}.weight"] = torch.randn(item, channels, 3, 3, generator=gen) * he_std
-        state[f"features.{index}.bias"] = torch.zeros(item)
-        channels, index = item, index + 2  # conv, relu
-    return state
 
 
 @pytest.fixture(scope="module")

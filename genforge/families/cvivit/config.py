@@ -2,15 +2,16 @@
 shared tokenizer losses (genforge.tokenizers) and any shared quantizer (VQ, LFQ, FSQ: genforge.nn.quantizers).
 Its defaults are the paper's loss weights: L2 reconstruction and the perceptual loss at 0.1 (the shared tokenizer
 defaults, L1 and 1.0, stay reachable by these keys; a run's config.yaml holds both, so a run keeps what it was
-trained with)."""
+trained with). The paper's video perceptual term (I3D features, weight 1.0) reads a file the user supplies
+(eval.i3d_weights, the one FVD reads), so it is off by default and on in the `cvivit-paper` preset."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from genforge.core.config import DataConfig
+from genforge.core.config import DataConfig, EvalConfig, StrictModel
 from genforge.nn.quantizers import QuantizerConfig
 from genforge.tokenizers.config import GANConfig, PerceptualConfig, ReconstructionLoss, TokenizerConfig
 
@@ -22,9 +23,19 @@ class CViViTPerceptualConfig(PerceptualConfig):
                                                    "tokenizers' default, cvivit's before; 0: off")
 
 
+class VideoPerceptualConfig(StrictModel):
+    """Phenaki's video perceptual loss L_VP on the I3D features of whole clips (genforge.nn.perceptual
+    .VideoPerceptualLoss), read from `eval.i3d_weights`; weight 0 turns it off."""
+
+    weight: float = Field(0.0, ge=0.0, description="1.0: Phenaki's (Villegas et al. 2022); 0: off (the default: it "
+                                                   "needs the user's I3D file, eval.i3d_weights)")
+
+
 class CViViTConfig(TokenizerConfig):
     """Patch sizes, widths and depths of the encoder (spatial, then causal temporal transformer blocks) and its
     mirrored decoder."""
+
+    video: ClassVar[bool] = True
 
     family: Literal["cvivit"] = "cvivit"
     dim: int = Field(256, gt=0, description="transformer width")
@@ -40,6 +51,7 @@ class CViViTConfig(TokenizerConfig):
     reconstruction_loss: ReconstructionLoss = Field("mse", description="mse: L2, Phenaki's (Villegas et al. "
                                                                        "2022); l1: cvivit's default before")
     perceptual: CViViTPerceptualConfig = CViViTPerceptualConfig()
+    video_perceptual: VideoPerceptualConfig = VideoPerceptualConfig()
     quantizer: QuantizerConfig = QuantizerConfig(codebook_size=1024)
     gan: GANConfig | None = GANConfig()
 
@@ -52,9 +64,19 @@ class CViViTConfig(TokenizerConfig):
             raise ValueError(f"model.dim={self.dim} must be divisible by model.num_heads={self.num_heads}")
         if self.dim % 4:
             raise ValueError(f"model.dim={self.dim} must be divisible by 4 (2-D sin-cos positions)")
+        if self.video_perceptual.weight > 0 and data.video.min_frames is not None:
+            raise ValueError(f"model.video_perceptual.weight={self.video_perceptual.weight} scores whole clips, "
+                             f"padding included: it does not take padded clips (data.video.min_frames="
+                             f"{data.video.min_frames}); set model.video_perceptual.weight=0")
         frames = data.video.num_frames
         if (frames - 1) % self.temporal_patch_size:
             raise ValueError(f"data.video.num_frames={frames}: num_frames - 1 must be divisible by "
                              f"model.temporal_patch_size={self.temporal_patch_size} (the first frame is a patch of "
                              f"its own, then tubelets of {self.temporal_patch_size} frames), e.g. "
                              f"{1 + self.temporal_patch_size * max(1, (frames - 1) // self.temporal_patch_size)}")
+
+    def check_eval(self, eval: EvalConfig) -> None:
+        if self.video_perceptual.weight > 0 and eval.i3d_weights is None:
+            raise ValueError(f"model.video_perceptual.weight={self.video_perceptual.weight} needs eval.i3d_weights: "
+                             "the TorchScript I3D that metric fvd reads (StyleGAN-V's i3d_torchscript.pt; genforge "
+                             "downloads nothing); set it, or model.video_perceptual.weight=0")

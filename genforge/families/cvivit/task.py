@@ -1,6 +1,8 @@
 """cvivit as a Task: the shared tokenizer objective (genforge/tokenizers/task.py) on clips: reconstruction of
-every frame, perceptual and adaptive patch-GAN terms on a drawn frame of each clip, the quantizer's loss
-(commitment; LFQ's entropy), the discriminator (with R1) as the second phase. Image batches train it as 1-frame
+every frame, the image perceptual term on a drawn frame of each clip, Phenaki's video perceptual term on the I3D
+features of whole clips (model.video_perceptual, the I3D file of eval.i3d_weights), the patch-GAN term (a 2-D
+discriminator on the drawn frame, or a 3-D one on whole clips; taming's adaptive or a fixed weight), the quantizer's
+loss (commitment; LFQ's entropy), the discriminator (with R1) as the second phase. Image batches train it as 1-frame
 videos (joint image + video training). Padded clips (data.video.min_frames): the losses and the quantizer see only
 the frames of real token frames (`core.codec.token_frame_mask`: causal in time, those never see a padded frame)."""
 
@@ -15,6 +17,7 @@ from genforge.core.random import BatchRandom
 from genforge.eval.tokenizer_metrics import batch_codebook_usage
 from genforge.families.cvivit.config import CViViTConfig
 from genforge.families.cvivit.model import CViViT
+from genforge.nn.perceptual import VideoPerceptualLoss
 from genforge.tokenizers.task import TokenizerTask
 
 
@@ -27,6 +30,9 @@ class CViViTTask(TokenizerTask):
     def __init__(self, cfg: CViViTConfig, ctx: BuildContext) -> None:
         super().__init__(cfg, ctx)
         self.autoencoder = CViViT(cfg, ctx.info.channels)
+        if cfg.video_perceptual.weight > 0:  # Phenaki's L_VP: the I3D file FVD reads, named by eval.i3d_weights
+            self.video_perceptual = VideoPerceptualLoss(ctx.i3d_weights)
+            self.video_perceptual_weight = cfg.video_perceptual.weight
         self._last_was_image = False
 
     def autoencode(self, video: Tensor, rng: BatchRandom, step: int,
