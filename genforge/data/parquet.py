@@ -1,0 +1,259 @@
+"""Parquet files (`data.source: parquet`): a Hugging Face dataset written with `ds.to_parquet(...)` or downloaded as its
+hub's parquet files, read with pyarrow and streamed like webdataset shards.
+
+Columns, by name (`data.image_column`, `data.caption_column`, `data.label_column`): the image as `datasets` stores an
+`Image` feature, a struct {bytes, path} (the bytes of the encoded file; where they are null, the file at `path`,
+relative to the parquet file), or plain binary; the caption a string (a file without the column has no captions);
+the label an integer (a `ClassLabel`; its names, kept in the file's `huggingface` schema metadata, name the classes).
+A file without the image or label column, or with a column of another type, is bad input naming the column and the
+columns the file has.
+
+`data.path`: local files, globs (`data/train-*.parquet`), brace patterns (`train-{00000..00003}.parquet`) or folders
+(their `*.parquet`), several joined by `::`. The stream's units are the files' row groups, read in batches: with R
+processes and W workers, slot `rank·W + worker` reads row groups i with i % (R·W) == slot, in a seeded order each
+epoch, through the seeded shuffle buffer, and resumes exactly, all as `ShardDataset` streams shards. Train / val /
+test split by whole files (`split_shards`). Row r of file F is the sample `F@r`: one that cannot be decoded is
+skipped and reported under that key; a file or row group that cannot be read counts as one unreadable record keyed
+by the row where reading stopped.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from genforge.core.config import DataConfig
+from genforge.core.registry import DATA_SOURCES
+from genforge.data.base import BadDataError
+from genforge.data.folder import columns_error, readable_name
+from genforge.data.images import read_image
+from genforge.data.shards import Record, ShardDataset, ShardsSource, absolute_spec, expand_spec, listing, local_path
+
+ROWS_PER_READ = 64  # rows decoded from parquet at a time: a row group of a whole file is never held at once
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The columns a parquet data set is read from (data.image_column, data.caption_column, data.label_column)."""
+
+    image: str
+    caption: str
+    label: str | None = None
+
+    def check(self, path: str, schema: pa.Schema) -> None:
+        """BadDataError naming the column and the file's columns when the image or label column is missing or of a
+        type genforge cannot read."""
+        names = list(schema.names)
+        for column, field_name in ((self.image, "data.image_column"), (self.label, "data.label_column")):
+            if column is not None and column not in names:
+                raise columns_error(path, column, field_name, names)
+        kind = schema.field(self.image).type
+        if not (is_binary(kind) or pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0
+                and is_binary(kind.field("bytes").type)):
+            raise BadDataError(f"{path}: column {self.image!r} (data.image_column) is {kind}; an image column is a "
+                               "struct {bytes, path} (a Hugging Face Image) or binary")
+        if self.label is not None and not pa.types.is_integer(schema.field(self.label).type):
+            raise BadDataError(f"{path}: column {self.label!r} (data.label_column) is {schema.field(self.label).type}"
+                               "; a label column holds integers (a Hugging Face ClassLabel)")
+        if self.caption in names and not is_text(schema.field(self.caption).type):
+            raise BadDataError(f"{path}: column {self.caption!r} (data.caption_column) is "
+                               f"{schema.field(self.caption).type}; a caption column holds strings")
+
+    def present(self, schema: pa.Schema) -> list[str]:
+        """The columns to read from a file of `schema` (the caption only where the file has it)."""
+        wanted = [self.image, self.caption, self.label]
+        return [c for c in dict.fromkeys(wanted) if c is not None and c in schema.names]
+
+
+def is_binary(kind: pa.DataType) -> bool:
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+
+
+def is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """A unit of the stream: row group `index` of `path`, rows first_row .. first_row + rows - 1 of the file; or a
+    file whose footer cannot be read (`error`), which reads as one unreadable record."""
+
+    path: str
+    index: int
+    first_row: int
+    rows: int
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    def __str__(self) -> str:
+        return f"{self.path} (row group {self.index})"
+
+
+def parquet_files(spec: str) -> list[str]:
+    """The local parquet files `spec` names: `::`-separated parts, each brace-expanded, then a glob (sorted), a folder
+    (its *.parquet, sorted) or a file. FileNotFoundError naming a part that names nothing; ValueError for a URL."""
+    files: list[str] = []
+    for part in expand_spec(spec):
+        path = local_path(part)
+        if path is None:
+            raise ValueError(f"data.path={spec!r}: {part!r} is not a local path; data.source=parquet reads local "
+                             "files (copy remote parquet files first)")
+        if glob.has_magic(str(path)):
+            found = sorted(p for p in glob.glob(str(path)) if Path(p).is_file())
+        elif path.is_dir():
+            found = sorted(str(p) for p in path.glob("*.parquet") if p.is_file())
+        else:
+            found = [str(path)] if path.is_file() else []
+        if not found:
+            raise FileNotFoundError(f"data.path={spec!r}: {path} {'matches' if glob.has_magic(str(path)) else 'is'} "
+                                    f"no parquet file" + (" (a folder without *.parquet)" if path.is_dir() else ""))
+        files += found
+    return files
+
+
+def row_groups(path: str, columns: Columns) -> list[RowGroup]:
+    """The non-empty row groups of a parquet file, its schema checked (`Columns.check`); a file whose footer cannot
+    be read is one RowGroup with its `error`."""
+    try:
+        with pq.ParquetFile(path) as parquet:
+            schema, meta = parquet.schema_arrow, parquet.metadata
+    except Exception as err:  # not parquet, truncated, unreadable: reported when the stream reaches it
+        return [RowGroup(path, 0, 0, 0, error=f"{type(err).__name__}: {err}")]
+    columns.check(path, schema)
+    groups, first = [], 0
+    for index in range(meta.num_row_groups):
+        rows = meta.row_group(index).num_rows
+        if rows:
+            groups.append(RowGroup(path, index, first, rows))
+        first += rows
+    return groups
+
+
+def class_label_names(path: str, column: str | None) -> list[str] | None:
+    """The class names of a Hugging Face ClassLabel column, from the file's `huggingface` schema metadata (None when
+    the file does not record them)."""
+    if column is None:
+        return None
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+        features = json.loads(metadata[b"huggingface"])["info"]["features"]
+        names = features[column].get("names")
+    except (KeyError, TypeError, ValueError, AttributeError, OSError, pa.ArrowException):
+        return None
+    return [str(name) for name in names] if isinstance(names, list) and names else None
+
+
+def image_bytes(value: Any, parquet_path: str) -> bytes:
+    """The encoded image of an image cell: binary, or a Hugging Face Image struct {bytes, path} (the file at `path`,
+    relative to the parquet file's folder, where the bytes are null). ValueError for a null cell."""
+    if isinstance(value, dict):
+        if value.get("bytes") is not None:
+            return value["bytes"]
+        if value.get("path"):
+            return (Path(parquet_path).parent / value["path"]).read_bytes()
+        raise ValueError("an image struct with neither bytes nor path")
+    if value is None:
+        raise ValueError("no image (null)")
+    return value
+
+
+class ParquetDataset(ShardDataset):
+    """The rows of the parquet files `spec` names, streamed by row groups (the units `ShardDataset` streams). A
+    sample: `image` [3, S, S] in [-1, 1] (ADM resize and centre crop, flipped by the per-sample coin), `text`,
+    `label`, `key` "<file>@<row>"."""
+
+    unit = "row group"
+
+    def __init__(self, spec: str, image_size: int, columns: Columns, **kwargs: Any) -> None:
+        self.columns = columns  # before the units are listed: each file's schema is checked against them
+        super().__init__(spec, image_size, **kwargs)
+        names = class_label_names(self.urls[0].path, columns.label) if self.urls else None
+        self.class_names = names or []
+        self.num_classes = len(self.class_names)
+
+    def units(self, spec: str) -> list[RowGroup]:
+        groups = [group for path in parquet_files(spec) for group in row_groups(path, self.columns)]
+        if not groups:
+            raise BadDataError(f"data.path={spec!r}: the parquet files hold no rows")
+        return groups
+
+    def what(self) -> str:
+        return "a set of parquet files with images"
+
+    def read(self, group: RowGroup) -> Iterator[Record]:
+        """The rows of one row group as records {"__key__": "<file>@<row>", column: value}; a group that cannot be
+        read ends with one marker record {"__key__", "__bad__"} keyed by the row where reading stopped."""
+        row = group.first_row
+        if group.error is not None:
+            yield {"__key__": f"{group.name}@{row}", "__bad__": f"cannot open {group.path}: {group.error}"}
+            return
+        try:
+            with pq.ParquetFile(group.path) as parquet:
+                wanted = self.columns.present(parquet.schema_arrow)
+                for batch in parquet.iter_batches(batch_size=ROWS_PER_READ, row_groups=[group.index], columns=wanted):
+                    values = {column: batch.column(column).to_pylist() for column in wanted}
+                    for i in range(batch.num_rows):
+                        yield {"__key__": f"{group.name}@{row}", **{c: v[i] for c, v in values.items()}}
+                        row += 1
+        except Exception as err:  # a torn or corrupt row group: the rest of it is one unreadable record
+            reason = f"{type(err).__name__}: {err}"
+            yield {"__key__": f"{group.name}@{row}", "__bad__": f"unreadable from row {row} of {group} on ({reason})"}
+
+    def decode(self, group: RowGroup, record: Record, aug_seed: int | None) -> dict[str, Any]:
+        key = record["__key__"]
+        if "__bad__" in record:
+            return {"key": key, "bad": record["__bad__"]}
+        try:
+            data = image_bytes(record[self.columns.image], group.path)
+            sample: dict[str, Any] = {"key": key, "image": read_image(io.BytesIO(data), self.image_size, self.flip,
+                                                                      aug_seed, self.max_image_pixels)}
+            caption = record.get(self.columns.caption)
+            if caption is not None:
+                sample["text"] = caption.strip()
+            if self.columns.label is not None:
+                label = record[self.columns.label]
+                if label is None or label < 0:  # a ClassLabel's -1: no label
+                    raise ValueError(f"no label in column {self.columns.label!r} ({label})")
+                sample["label"] = int(label)
+        except Exception as err:  # any decoder error: skip and report, never kill the worker
+            return {"key": key, "bad": f"{type(err).__name__}: {err}"}
+        return sample
+
+
+class ParquetSource(ShardsSource):
+    """`data.source: parquet`: parquet files of images (a Hugging Face dataset), streamed by row groups like shards;
+    split into train / val / test by whole files."""
+
+    name = "parquet"
+    path_help = "parquet files: a path, glob or brace pattern, e.g. data/train-*.parquet"
+    column_fields = ("image_column", "caption_column", "label_column")
+
+    def files(self, spec: str) -> list[str]:
+        return parquet_files(spec)
+
+    def dataset(self, spec: str, cfg: DataConfig, flip: bool, world_size: int | None) -> ParquetDataset:
+        columns = Columns(cfg.image_column, cfg.caption_column, cfg.label_column)
+        return ParquetDataset(spec, cfg.image_size, columns, flip=flip, shuffle_buffer=cfg.shuffle_buffer,
+                              max_image_pixels=cfg.max_image_pixels, world_size=world_size,
+                              num_workers=cfg.num_workers)
+
+    def class_names(self, cfg: DataConfig) -> list[str] | None:
+        """The ClassLabel names of data.label_column, as words, when the files record them."""
+        names = class_label_names(parquet_files(cfg.path)[0], cfg.label_column)
+        return [readable_name(name) for name in names] if names else None
+
+    def identity(self, cfg: DataConfig) -> dict[str, Any]:
+        return {"path": absolute_spec(cfg.path), "files": listing(parquet_files(cfg.path))}
+
+
+DATA_SOURCES.register("parquet", ParquetSource())
