@@ -203,8 +203,9 @@ class DataConfig(StrictModel):
                                                                   ".csv: the caption column (data without it has no "
                                                                   "captions)")
     label_column: str | None = Field(None, min_length=1, description="source=parquet, and a folder's metadata.jsonl "
-                                                                     "/ .csv: the class-label column (a folder "
-                                                                     "without it: its class sub-folders)")
+                                                                     "/ .csv: the class-label column (unset: a "
+                                                                     "folder's class sub-folders, parquet's one "
+                                                                     "ClassLabel column)")
     shapes: ShapesConfig = ShapesConfig()
     video: VideoConfig = VideoConfig()
     images: JointImagesConfig | None = Field(

@@ -4,7 +4,8 @@ hub's parquet files, read with pyarrow and streamed like webdataset shards.
 Columns, by name (`data.image_column`, `data.caption_column`, `data.label_column`): the image as `datasets` stores an
 `Image` feature, a struct {bytes, path} (the bytes of the encoded file; where they are null, the file at `path`,
 relative to the parquet file), or plain binary; the caption a string (a file without the column has no captions);
-the label an integer (a `ClassLabel`; its names, kept in the file's `huggingface` schema metadata, name the classes).
+the label an integer (a `ClassLabel`; its names, kept in the file's `huggingface` schema metadata, name the classes;
+without data.label_column, the one ClassLabel column that metadata records is the label).
 A file without the image or label column, or with a column of another type, is bad input naming the column and the
 columns the file has.
 
@@ -21,10 +22,11 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -139,18 +141,26 @@ def row_groups(path: str, columns: Columns) -> list[RowGroup]:
     return groups
 
 
-def class_label_names(path: str, column: str | None) -> list[str] | None:
-    """The class names of a Hugging Face ClassLabel column, from the file's `huggingface` schema metadata (None when
-    the file does not record them)."""
-    if column is None:
-        return None
+def class_labels(path: str) -> dict[str, list[str]]:
+    """The ClassLabel columns of a parquet file written by `datasets` and their class names, from its `huggingface`
+    schema metadata ({} when it records none, or cannot be read)."""
     try:
         metadata = pq.read_schema(path).metadata or {}
         features = json.loads(metadata[b"huggingface"])["info"]["features"]
-        names = features[column].get("names")
+        return {column: [str(name) for name in feature["names"]] for column, feature in features.items()
+                if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
+                and isinstance(feature.get("names"), list)}
     except (KeyError, TypeError, ValueError, AttributeError, OSError, pa.ArrowException):
-        return None
-    return [str(name) for name in names] if isinstance(names, list) and names else None
+        return {}
+
+
+def label_column(path: str, column: str | None) -> tuple[str | None, list[str]]:
+    """The label column of a parquet data set whose first file is `path` and its class names ([] when the file does
+    not record them): `column` (data.label_column), else the file's one ClassLabel column, else none."""
+    labels = class_labels(path)
+    if column is None and len(labels) == 1:
+        column = next(iter(labels))
+    return column, labels.get(column, []) if column is not None else []
 
 
 def image_bytes(value: Any, parquet_path: str) -> bytes:
@@ -167,6 +177,31 @@ def image_bytes(value: Any, parquet_path: str) -> bytes:
     return value
 
 
+HF_IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # how `datasets` stores an Image feature
+
+
+def write_parquet(out: str | Path, prefix: str, rows: Iterable[tuple[bytes, str, int]], class_names: list[str],
+                  rows_per_file: int = 1000, row_group_size: int = 100) -> tuple[str, int]:
+    """Write (PNG bytes, caption, label) rows as `datasets` writes a data set of features image (Image), text and
+    label (ClassLabel of `class_names`, recorded in the `huggingface` schema metadata): files
+    `out/<prefix>-NNNNNN.parquet` of `rows_per_file` rows in row groups of `row_group_size` (datasets' own size
+    for image sets). Returns the glob naming them (a data.path of data.source=parquet) and the number of files."""
+    features = {"image": {"_type": "Image"}, "text": {"dtype": "string", "_type": "Value"},
+                "label": {"names": class_names, "_type": "ClassLabel"}}
+    schema = pa.schema([("image", HF_IMAGE), ("text", pa.string()), ("label", pa.int64())],
+                       metadata={"huggingface": json.dumps({"info": {"features": features}})})
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    rows, count = iter(rows), 0
+    while chunk := list(itertools.islice(rows, rows_per_file)):
+        images, captions, labels = zip(*chunk)
+        table = pa.table([pa.array([{"bytes": b, "path": None} for b in images], HF_IMAGE),
+                          pa.array(captions, pa.string()), pa.array(labels, pa.int64())], schema=schema)
+        pq.write_table(table, root / f"{prefix}-{count:06d}.parquet", row_group_size=row_group_size)
+        count += 1
+    return str(root / f"{prefix}-*.parquet"), count
+
+
 class ParquetDataset(ShardDataset):
     """The rows of the parquet files `spec` names, streamed by row groups (the units `ShardDataset` streams). A
     sample: `image` [3, S, S] in [-1, 1] (ADM resize and centre crop, flipped by the per-sample coin), `text`,
@@ -175,10 +210,9 @@ class ParquetDataset(ShardDataset):
     unit = "row group"
 
     def __init__(self, spec: str, image_size: int, columns: Columns, **kwargs: Any) -> None:
-        self.columns = columns  # before the units are listed: each file's schema is checked against them
+        label, self.class_names = label_column(parquet_files(spec)[0], columns.label)
+        self.columns = replace(columns, label=label)  # before the units are listed: each file's schema is checked
         super().__init__(spec, image_size, **kwargs)
-        names = class_label_names(self.urls[0].path, columns.label) if self.urls else None
-        self.class_names = names or []
         self.num_classes = len(self.class_names)
 
     def units(self, spec: str) -> list[RowGroup]:
@@ -248,9 +282,9 @@ class ParquetSource(ShardsSource):
                               num_workers=cfg.num_workers)
 
     def class_names(self, cfg: DataConfig) -> list[str] | None:
-        """The ClassLabel names of data.label_column, as words, when the files record them."""
-        names = class_label_names(parquet_files(cfg.path)[0], cfg.label_column)
-        return [readable_name(name) for name in names] if names else None
+        """The ClassLabel names of the label column, as words, when the files record them."""
+        names = label_column(parquet_files(cfg.path)[0], cfg.label_column)[1]
+        return [readable_name(name) for name in names] or None
 
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         return {"path": absolute_spec(cfg.path), "files": listing(parquet_files(cfg.path))}

@@ -203,7 +203,7 @@ def test_cli_exits_2_naming_the_missing_column(tmp_path):
     assert "has no column 'picture' (data.image_column); its columns: 'image', 'text', 'label'" in out.output
 
 
-def test_class_label_names_split_held_out_images_and_encode(tmp_path, fake_tokenizer):
+def test_class_label_column_split_held_out_images_and_encode(tmp_path, fake_tokenizer):
     shapes = ShapesDataset(30, 16)
     for i in range(3):
         items = [shapes[10 * i + j] for j in range(10)]
@@ -211,7 +211,7 @@ def test_class_label_names_split_held_out_images_and_encode(tmp_path, fake_token
         _write(tmp_path / "set" / f"part-{i}.parquet", png, [s["text"] for s in items], [s["label"] for s in items],
                class_names=[f"class_{k:02d}" for k in range(16)])
     data = DataConfig(source="parquet", path=f"{tmp_path}/set/part-{{0..2}}.parquet", image_size=16,
-                      label_column="label", num_workers=0)
+                      num_workers=0)  # no data.label_column: the ClassLabel column datasets recorded
     assert data_info(build_dataset(data), data).num_classes == 16
     assert class_names(data)[:2] == ["class 00", "class 01"]
     images = torch.cat(list(heldout_batches(data, 7, 3)))  # the first 7 rows, in order, unflipped
