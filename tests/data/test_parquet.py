@@ -87,9 +87,10 @@ def test_rows_read_as_hugging_face_stores_them(tmp_path):
     (tmp_path / "imgs" / "far.png").write_bytes(_png(7))
     _write(tmp_path / "a.parquet", [{"bytes": _png(1), "path": None}, {"bytes": None, "path": "imgs/far.png"}],
            [" a caption \n", None], [2, 0])
-    _write(tmp_path / "b.parquet", [_png(3)], ["plain"], [1], image_type=pa.binary())
-    samples = list(build_dataset(_data(f"{tmp_path}/{{a,b}}.parquet")))
+    _write(tmp_path / "b.parquet", [_png(3), _png(4)], ["plain", "no label"], [1, -1], image_type=pa.binary())
+    *samples, unlabelled = list(build_dataset(_data(f"{tmp_path}/{{a,b}}.parquet")))
     assert [s["key"] for s in samples] == ["a.parquet@0", "a.parquet@1", "b.parquet@0"]
+    assert unlabelled == {"key": "b.parquet@1", "bad": "ValueError: no label in column 'label' (-1)"}
     assert [s.get("text") for s in samples] == ["a caption", None, "plain"]
     assert [s["label"] for s in samples] == [2, 0, 1]
     for sample, value in zip(samples, (1, 7, 3)):
@@ -260,3 +261,27 @@ def test_training_on_parquet_resumes_bit_identically_and_reports_a_corrupt_row(t
     assert (state["num_samples"], state["data_slots"], state["data_position"]) == (None, 2, 6)
     skipped = [json.loads(line) for line in (tmp_path / "straight" / "skipped.jsonl").read_text().splitlines()]
     assert [s["key"] for s in skipped] == ["train-001.parquet@5"]  # row 17 of the set: row 5 of its second file
+
+
+def test_cli_writes_shapes_as_parquet(tmp_path):
+    """`genforge data shapes --parquet`: files of --shard-size rows in datasets' layout, the shapes set's images,
+    captions and ClassLabel labels (so a class-conditional run needs no model.num_classes)."""
+    from typer.testing import CliRunner
+
+    from genforge.cli import app
+
+    out = CliRunner().invoke(app, ["data", "shapes", "--out", str(tmp_path / "p"), "--n", "5", "--image-size", "16",
+                                   "--parquet", "--shard-size", "2"])
+    assert out.exit_code == 0, out.output
+    pattern = str(tmp_path / "p" / "train-*.parquet")
+    assert f"wrote 5 images of 16x16 in 3 parquet file(s): {pattern}" in out.output
+    data = DataConfig(source="parquet", path=pattern, image_size=16, num_workers=0)
+    samples, shapes = list(build_dataset(data)), ShapesDataset(5, 16)
+    assert [s["key"] for s in samples] == ["train-000000.parquet@0", "train-000000.parquet@1",
+                                           "train-000001.parquet@0", "train-000001.parquet@1", "train-000002.parquet@0"]
+    assert all(torch.equal(s["image"], shapes[i]["image"]) and (s["text"], s["label"]) == (shapes[i]["text"],
+                                                                                         shapes[i]["label"])
+               for i, s in enumerate(samples))
+    assert data_info(build_dataset(data), data).num_classes == 16
+    out = CliRunner().invoke(app, ["data", "shapes", "--out", str(tmp_path / "q"), "--shards", "--parquet"])
+    assert out.exit_code == 2 and "--shards and --parquet: choose one" in out.output
