@@ -172,7 +172,8 @@ class DataConfig(StrictModel):
                                               "parquet, cache")
     path: str | None = Field(None, description="image folder (source=folder), webdataset shards: a path or URL "
                                                "with braces, e.g. data/train-{000000..000127}.tar, several "
-                                               "joined by '::' (source=shards), or a folder written by "
+                                               "joined by '::' (source=shards), parquet files: paths, globs "
+                                               "or brace patterns (source=parquet), or a folder written by "
                                                "`genforge encode` (source=cache)")
     image_size: int = Field(32, ge=8, le=4096)
     flip: bool = Field(True, description="random horizontal flip")

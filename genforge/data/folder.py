@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import posixpath
@@ -62,7 +63,7 @@ def read_table(path: Path) -> tuple[list[str], list[dict[str, Any] | str]]:
     header row). A jsonl line that is not a JSON object comes back as the reason it cannot be used."""
     text = path.read_text(encoding="utf-8-sig")
     if path.suffix == ".csv":
-        reader = csv.DictReader(text.splitlines())
+        reader = csv.DictReader(io.StringIO(text, newline=""))  # quoted fields may span lines
         return list(reader.fieldnames or []), list(reader)
     rows: list[dict[str, Any] | str] = []
     for line in filter(str.strip, text.splitlines()):
@@ -134,7 +135,8 @@ def read_metadata(root: Path, files: list[str], caption_column: str, label_colum
                 meta.captions[rel] = (caption if isinstance(caption, str) else json.dumps(caption)).strip()
             if label_column is not None:
                 meta.labels[rel] = row[label_column]
-    meta.bad.update({f: f"no row in any {' / '.join(METADATA_NAMES)}" for f in files if f not in meta.described})
+    meta.bad.update({f: f"its row {first_row[f]} cannot be used" if f in first_row else
+                     f"no row in any {' / '.join(METADATA_NAMES)}" for f in files if f not in meta.described})
     return meta
 
 

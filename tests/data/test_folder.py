@@ -132,19 +132,19 @@ def test_hugging_face_metadata_captions_labels_and_unusable_rows(tmp_path):
             {"file_name": "c.png", "caption": "no label"}]
     lines = [json.dumps(row) for row in rows] + ["not json"]
     (tmp_path / "metadata.jsonl").write_text("\n".join(lines) + "\n")
-    (tmp_path / "sub" / "metadata.csv").write_text("file_name,caption,kind\nd.png,\"d, from csv\",emu\ne.png,,cat\n")
+    (tmp_path / "sub" / "metadata.csv").write_text('file_name,caption,kind\nd.png,"d, from\ncsv",emu\ne.png,,cat\n')
     ds = ImageFolderDataset(tmp_path, 8, split="all", caption_column="caption", label_column="kind")
     samples = {ds.files[i]: ds[i] for i in range(len(ds))}
     assert ds.class_names == ["cat", "dog", "emu"] and ds.num_classes == 3
     good = {k: (s.get("text"), s["label"]) for k, s in samples.items() if "bad" not in s}
-    assert good == {"a.png": ("a from metadata", 1), "b.png": ("sidecar of b", 0), "sub/d.png": ("d, from csv", 2),
+    assert good == {"a.png": ("a from metadata", 1), "b.png": ("sidecar of b", 0), "sub/d.png": ("d, from\ncsv", 2),
                     "sub/e.png": (None, 0)}
     bad = {k: s["bad"] for k, s in samples.items() if "bad" in s}
     assert bad == {"metadata.jsonl@2": "file_name 'gone.png': gone.png does not exist",
                    "metadata.jsonl@3": "a second row for a.png (the first is metadata.jsonl@0)",
                    "metadata.jsonl@4": "no kind value",
                    "metadata.jsonl@5": bad["metadata.jsonl@5"],
-                   "c.png": "no row in any metadata.jsonl / metadata.csv",
+                   "c.png": "its row metadata.jsonl@4 cannot be used",
                    "orphan.png": "no row in any metadata.jsonl / metadata.csv"}
     assert bad["metadata.jsonl@5"].startswith("not JSON")
     assert [FolderSource().class_names(DataConfig(source="folder", path=str(tmp_path), label_column="kind",

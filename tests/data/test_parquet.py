@@ -14,6 +14,7 @@ import pytest
 import torch
 from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
 from kill_harness import same_run
+from stream_batches import slot_keys, take as _take
 from PIL import Image
 
 from genforge.app.config import load_config
@@ -72,14 +73,6 @@ def _data(path, workers=0, **extra) -> DataConfig:
                          "label_column": "label", **extra})
 
 
-def _take(loader, n):
-    it = iter(loader)
-    try:
-        return [next(it) for _ in range(n)]
-    finally:
-        del it
-
-
 def test_rows_read_as_hugging_face_stores_them(tmp_path):
     """The struct's bytes, or the file at its path (relative to the parquet file) where the bytes are null, or a
     plain binary column; caption stripped; key <file>@<row>; pixels read as image folders read them."""
@@ -106,13 +99,10 @@ def test_row_groups_over_ranks_times_workers_cover_every_row_once_per_epoch(tmp_
         ("train-001.parquet", 1, 3, 3), ("train-001.parquet", 2, 6, 3), ("train-002.parquet", 0, 0, 3)]
     per_slot = {0: 6, 1: 5, 2: 3, 3: 3}  # slot k reads row groups k, k + 4
     first_epochs = []
-    for rank in range(2):
-        batches = _take(build_train_batches(dataset, data, train, world_size=2, rank=rank), 16)
-        for worker in range(2):  # micro-batch j of a rank comes from worker j % 2
-            keys = [k for b in batches[worker::2] for k in b["key"]]
-            n = per_slot[rank * 2 + worker]
-            first_epochs += keys[:n]
-            assert Counter(keys[n : 2 * n]) == Counter(keys[:n])  # the next epoch: the same rows again
+    for slot, keys in slot_keys(dataset, data, train, world_size=2, workers=2, batches=16).items():
+        n = per_slot[slot]
+        first_epochs += keys[:n]
+        assert Counter(keys[n : 2 * n]) == Counter(keys[:n])  # the next epoch: the same rows again
     all_rows = [f"train-{i:03d}.parquet@{r}" for i, size in enumerate([5, 9, 3]) for r in range(size)]
     assert Counter(first_epochs) == Counter(all_rows)  # every row exactly once
     with pytest.raises(ValueError, match=r"holds 6 row group\(s\), fewer than processes x data.num_workers = "
