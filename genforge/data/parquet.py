@@ -120,6 +120,8 @@ def parquet_files(spec: str) -> list[str]:
             raise FileNotFoundError(f"data.path={spec!r}: {path} {'matches' if glob.has_magic(str(path)) else 'is'} "
                                     f"no parquet file" + (" (a folder without *.parquet)" if path.is_dir() else ""))
         files += found
+    if not files:
+        raise ValueError(f"data.path={spec!r} names no parquet files")
     return files
 
 
