@@ -28,7 +28,7 @@ from genforge.core.registry import PREVIEW_WRITERS
 from genforge.data.base import BadDataError
 from genforge.data.cache import MANIFEST, manifest_summary
 from genforge.data.moving_shapes import PATHS, write_moving_shapes_folder, write_moving_shapes_shards
-from genforge.data.shapes import write_shapes_folder, write_shapes_shards
+from genforge.data.shapes import write_shapes_folder, write_shapes_parquet, write_shapes_shards
 from genforge.data.shards import DataError
 from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
 from genforge.engine.lock import RunDirectoryLocked
@@ -511,10 +511,20 @@ def data_shapes(
     seed: Annotated[int, typer.Option(min=0)] = 0,
     shards: Annotated[bool, typer.Option("--shards", help="write webdataset shards (.png, .txt, .cls) instead "
                                                           "of a folder")] = False,
-    shard_size: Annotated[int, typer.Option(min=1, help="records per shard (with --shards)")] = 1000,
+    parquet: Annotated[bool, typer.Option("--parquet", help="write parquet files as a Hugging Face dataset saves "
+                                                            "them (image, text, label)")] = False,
+    shard_size: Annotated[int, typer.Option(min=1, help="records per shard (with --shards) or rows per file "
+                                                        "(with --parquet)")] = 1000,
 ) -> None:
-    """Write the built-in shapes data set as an image folder (class sub-folders, .txt captions) or, with
-    --shards, as webdataset shards."""
+    """Write the built-in shapes data set as an image folder (class sub-folders, .txt captions), with --shards as
+    webdataset shards, or with --parquet as parquet files."""
+    if shards and parquet:
+        _fail("--shards and --parquet: choose one")
+    if parquet:
+        pattern, count = write_shapes_parquet(out, n, image_size, seed=seed, rows_per_file=shard_size)
+        typer.echo(f"wrote {n} images of {image_size}x{image_size} in {count} parquet file(s): {pattern}")
+        typer.echo(f"train on them: --set data.source=parquet --set \"data.path={pattern}\"")
+        return
     if shards:
         pattern, count = write_shapes_shards(out, n, image_size, seed=seed, shard_size=shard_size)
         typer.echo(f"wrote {n} images of {image_size}x{image_size} in {count} shard(s): {pattern}")

@@ -171,10 +171,11 @@ class DataConfig(StrictModel):
     """Where samples come from and how they are preprocessed."""
 
     source: str = Field("shapes", description="a registered data source (genforge.data): shapes, folder, shards, "
-                                              "cache")
+                                              "parquet, cache")
     path: str | None = Field(None, description="image folder (source=folder), webdataset shards: a path or URL "
                                                "with braces, e.g. data/train-{000000..000127}.tar, several "
-                                               "joined by '::' (source=shards), or a folder written by "
+                                               "joined by '::' (source=shards), parquet files: paths, globs "
+                                               "or brace patterns (source=parquet), or a folder written by "
                                                "`genforge encode` (source=cache)")
     image_size: int = Field(32, ge=8, le=4096)
     flip: bool = Field(True, description="random horizontal flip")
@@ -198,6 +199,16 @@ class DataConfig(StrictModel):
                                                        "numbered like the record's shard is its image_embed")
     embed_index_width: int = Field(4, ge=1, le=12, description="source=shards with image_embeds: digits of a record "
                                                                 "key that give its row (img2dataset: 4)")
+    image_column: str = Field("image", min_length=1, description="source=parquet: the column of the encoded images "
+                                                                 "(a Hugging Face Image: a struct of bytes and path, "
+                                                                 "or binary)")
+    caption_column: str = Field("text", min_length=1, description="source=parquet, and a folder's metadata.jsonl / "
+                                                                  ".csv: the caption column (data without it has no "
+                                                                  "captions)")
+    label_column: str | None = Field(None, min_length=1, description="source=parquet, and a folder's metadata.jsonl "
+                                                                     "/ .csv: the class-label column (unset: a "
+                                                                     "folder's class sub-folders, parquet's one "
+                                                                     "ClassLabel column)")
     shapes: ShapesConfig = ShapesConfig()
     video: VideoConfig = VideoConfig()
     images: JointImagesConfig | None = Field(

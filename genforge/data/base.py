@@ -39,8 +39,10 @@ class BadDataError(ValueError):
 
 # What each condition field is, and where a sample gets it, for errors naming a missing one
 FIELD_HELP = {
-    "label": "a class label (shards: .cls or the .json's label; a folder: class sub-folders)",
-    "text": "a caption (shards: .txt or the .json's caption; a folder: a sidecar <stem>.txt per image)",
+    "label": "a class label (shards: .cls or the .json's label; a folder: class sub-folders or its metadata's "
+             "data.label_column; parquet: the data.label_column column)",
+    "text": "a caption (shards: .txt or the .json's caption; a folder: its metadata.jsonl's data.caption_column or "
+            "a sidecar <stem>.txt per image; parquet: the data.caption_column column)",
     "image_embed": "an image embedding (shards: a 1-D .npy or data.image_embeds)",
     "latent": "a latent (shards: a 3-D .npy; a cache written by `genforge encode`)",
     "direction": "a motion direction (moving shapes)",
@@ -66,11 +68,17 @@ class DataSource:
     judge_classes: bool = False  # its labels are the built-in shapes classes, which the shapes judge (eval) knows
     motion: bool = False  # its samples carry `direction`, the motion of moving shapes (metric recon_direction)
     CONDITION_FIELDS = ("text", "label", "direction")  # what a sample conditions a generator on
+    column_fields: tuple[str, ...] = ()  # the data.*_column fields it reads (tables: metadata files, parquet)
+    COLUMN_FIELDS = ("image_column", "caption_column", "label_column")
 
     def check(self, cfg: DataConfig) -> None:
         """Config checks of this source (ValueError naming the field)."""
         if self.path_help is not None and not cfg.path:
             raise ValueError(f"data.path ({self.path_help}) is required when data.source is {self.name!r}")
+        for name in self.COLUMN_FIELDS:
+            if name not in self.column_fields and getattr(cfg, name) != type(cfg).model_fields[name].default:
+                raise ValueError(f"data.{name} is not read by data.source={self.name} (only by sources of tables: "
+                                 "folder metadata.jsonl / metadata.csv, parquet)")
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> Dataset:
         """The data set of `split` ("train" or "val"); FileNotFoundError/ValueError for a bad path."""

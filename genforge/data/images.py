@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ class DecompressionBomb(ValueError):
     """An image whose header claims more pixels than allowed (decoding it would exhaust memory)."""
 
 
-def load_rgb(path: str | Path, max_pixels: int | None = None) -> Image.Image:
+def load_rgb(path: str | Path | BinaryIO, max_pixels: int | None = None) -> Image.Image:
     """Decode `path` fully (decode errors surface here) and return an RGB image: EXIF orientation applied,
     alpha composited over white, palette/CMYK/YCbCr/HSV/1-bit/16-bit/float modes converted. Images of more
     than `max_pixels` pixels are refused from their header, before decoding."""
@@ -69,6 +70,17 @@ def flip_drawn(aug_seed: int | None) -> bool:
     """The per-sample coin of the random horizontal flip: heads for half of the sampler's `aug_seed`s, never
     without one (every data set, and a cache's flipped variant, draws it the same way)."""
     return aug_seed is not None and np.random.default_rng(aug_seed).random() < 0.5
+
+
+def read_image(source: str | Path | BinaryIO, size: int, flip: bool = False, aug_seed: int | None = None,
+                max_pixels: int | None = None) -> torch.Tensor:
+    """An image file (a path or its bytes) as every image source reads it: RGB (`load_rgb`), ADM resize and centre
+    crop to `size` (`center_crop_resize`), flipped when `flip` and the per-sample coin of `aug_seed` says so:
+    float32 [3, size, size] in [-1, 1]."""
+    image = np.asarray(center_crop_resize(load_rgb(source, max_pixels), size))
+    if flip and flip_drawn(aug_seed):
+        image = image[:, ::-1]
+    return to_tensor(image)
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,10 @@ class label is its (kind, colour): 4 kinds × 4 colours = 16 classes. Captions d
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from genforge.core.config import DataConfig
 from genforge.core.registry import DATA_SOURCES
 from genforge.data.base import DataSource
 from genforge.data.images import flip_drawn, to_tensor
+from genforge.data.parquet import write_parquet
 from genforge.data.shards import shard_pattern
 
 KINDS = ("circle", "square", "triangle", "cross")
@@ -216,13 +218,18 @@ def write_shapes_folder(out: str | Path, n: int, image_size: int, seed: int = 0,
     return root
 
 
+def png_file(image: np.ndarray) -> bytes:
+    """A uint8 [H, W, 3] image as the bytes of a PNG file."""
+    png = io.BytesIO()
+    Image.fromarray(image).save(png, format="PNG")
+    return png.getvalue()
+
+
 def write_shapes_shards(out: str | Path, n: int, image_size: int, seed: int = 0, spec: ShapesSpec = ShapesSpec(),
                         shard_size: int = 1000) -> tuple[str, int]:
     """Write the set as webdataset shards `out/shapes-NNNNNN.tar` of `shard_size` records `<key>.png`,
     `<key>.txt` (caption), `<key>.cls` (label); returns the brace pattern naming them (a `data.path` for
     `data.source=shards`) and the number of shards."""
-    import io
-
     from webdataset import ShardWriter
 
     root = Path(out)
@@ -230,10 +237,21 @@ def write_shapes_shards(out: str | Path, n: int, image_size: int, seed: int = 0,
     with ShardWriter(str(root / "shapes-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
         for index in range(n):
             image, label, caption = render_shapes(seed, index, image_size, spec)
-            png = io.BytesIO()
-            Image.fromarray(image).save(png, format="PNG")
-            sink.write({"__key__": shapes_key(seed, index), "png": png.getvalue(), "txt": caption, "cls": label})
+            sink.write({"__key__": shapes_key(seed, index), "png": png_file(image), "txt": caption, "cls": label})
     return shard_pattern(root, "shapes", n, shard_size)
+
+
+def write_shapes_parquet(out: str | Path, n: int, image_size: int, seed: int = 0, spec: ShapesSpec = ShapesSpec(),
+                         rows_per_file: int = 1000) -> tuple[str, int]:
+    """Write the set as a Hugging Face dataset saved as parquet (`write_parquet`): files `out/train-NNNNNN.parquet`
+    of columns image (PNG bytes in datasets' {bytes, path} struct), text (caption), label (ClassLabel of the 16
+    shapes classes); returns the glob naming them (a `data.path` for `data.source=parquet`) and the file count."""
+    def rows() -> Iterator[tuple[bytes, str, int]]:
+        for index in range(n):
+            image, label, caption = render_shapes(seed, index, image_size, spec)
+            yield png_file(image), caption, label
+
+    return write_parquet(out, "train", rows(), class_names(), rows_per_file)
 
 
 HELDOUT_SEED_OFFSET = 1_000_003  # the held-out split renders another seed: images the training set never has

@@ -41,7 +41,7 @@ from genforge.core.config import ConfigError, DataConfig
 from genforge.core.registry import DATA_SOURCES
 from genforge.data.base import DataSource, collate
 from genforge.data.folder import ADM_RESIZE
-from genforge.data.images import center_crop_resize, flip_drawn, load_rgb, to_tensor
+from genforge.data.images import read_image
 
 IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")  # the first one a record has is its image
 Record = dict[str, Any]  # {"__key__": str, field: bytes}
@@ -119,15 +119,16 @@ def check_shards(spec: str) -> list[str]:
     return urls
 
 
-def check_slots(num_shards: int, world_size: int, num_workers: int, spec: str) -> None:
-    """Every worker of every process needs at least one shard of its own (else it would have nothing to read)."""
+def check_slots(num_shards: int, world_size: int, num_workers: int, spec: str, unit: str = "shard") -> None:
+    """Every worker of every process needs at least one shard (`unit`: a parquet row group) of its own (else it
+    would have nothing to read)."""
     slots = world_size * max(1, num_workers)
     if num_shards < slots:
         raise ValueError(
-            f"data.path={spec!r} holds {num_shards} shard(s), fewer than processes x data.num_workers = "
-            f"{world_size} x {max(1, num_workers)} = {slots}: each worker of each process streams shards of its "
+            f"data.path={spec!r} holds {num_shards} {unit}(s), fewer than processes x data.num_workers = "
+            f"{world_size} x {max(1, num_workers)} = {slots}: each worker of each process streams {unit}s of its "
             f"own. Lower data.num_workers (0 or 1 reads in the main process), use fewer processes, or write the "
-            f"data into at least {slots} shards")
+            f"data into at least {slots} {unit}s")
 
 
 def listing(urls: list[str]) -> str:
@@ -243,11 +244,7 @@ def decode_record(record: Record, key: str, image_size: int, flip: bool, aug_see
                                  "(a latent [C, h, w])")
         field = next((f for f in IMAGE_FIELDS if f in record), None)
         if field is not None:
-            image = np.asarray(center_crop_resize(load_rgb(io.BytesIO(record[field]), max_image_pixels),
-                                                  image_size))
-            if flip and flip_drawn(aug_seed):
-                image = image[:, ::-1]
-            sample["image"] = to_tensor(image)
+            sample["image"] = read_image(io.BytesIO(record[field]), image_size, flip, aug_seed, max_image_pixels)
         elif "latent" not in sample:
             fields = ", ".join(f".{f}" for f in sorted(record) if not f.startswith("__")) or "none"
             raise ValueError(f"no image (.{', .'.join(IMAGE_FIELDS)}) and no 3-D .npy latent; fields: {fields}")
@@ -304,10 +301,14 @@ class ShardDataset(IterableDataset):
     """The shards named by `spec`. Iterating it gives one pass over the shards in order, unshuffled and
     unflipped, every record as a sample or {"key", "bad"} (held-out images, `genforge encode`); with
     DataLoader workers, worker w reads shards w, w + W, ... `stream()` makes the training stream.
-    Built with `world_size`, it checks that every worker of every process gets a shard."""
+    Built with `world_size`, it checks that every worker of every process gets a shard.
+
+    A subclass streams other units the same way (parquet row groups): `units` lists them, `read` yields the
+    records of one, `decode` makes a record a sample."""
 
     num_classes = 0  # unknown without reading every record; a model config names its own
     record_kind = "image"  # what the records hold, for errors
+    unit = "shard"  # what `urls` lists, for errors
 
     def __init__(self, spec: str, image_size: int, flip: bool = False, shuffle_buffer: int = 1000,
                  max_image_pixels: int | None = None, world_size: int | None = None, num_workers: int = 0,
@@ -315,11 +316,19 @@ class ShardDataset(IterableDataset):
         self.spec, self.image_size, self.flip = spec, image_size, flip
         self.shuffle_buffer, self.max_image_pixels = shuffle_buffer, max_image_pixels
         self.embeddings = embeddings  # image embeddings kept beside the shards, if any
-        self.urls = check_shards(spec)
+        self.urls = self.units(spec)
         self.slots = None
         if world_size is not None:
-            check_slots(len(self.urls), world_size, num_workers, spec)
+            check_slots(len(self.urls), world_size, num_workers, spec, self.unit)
             self.slots = world_size * max(1, num_workers)
+
+    def units(self, spec: str) -> list[Any]:
+        """What the stream is split into and read by: the shard URLs of `spec`."""
+        return check_shards(spec)
+
+    def read(self, url: Any) -> Iterator[Record]:
+        """The records of one unit, a marker record last for a part that cannot be read (read_shard_or_report)."""
+        return read_shard_or_report(url)
 
     def decode(self, url: str, record: Record, aug_seed: int | None) -> dict[str, Any]:
         if "__bad__" in record:  # a shard that could not be read (read_shard_or_report)
@@ -337,7 +346,7 @@ class ShardDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for url in self.urls[worker::workers]:
-            for record in read_shard_or_report(url):
+            for record in self.read(url):
                 yield self.decode(url, record, None)
 
     def part(self, rank: int, world: int) -> "ShardDataset":
@@ -365,15 +374,15 @@ class ShardDataset(IterableDataset):
                     continue
                 yield item
             if count == 0:
-                raise DataError(f"data.path={self.spec!r}: the shards of worker slot {slot} hold no records "
-                                f"({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''})")
+                raise DataError(f"data.path={self.spec!r}: the {self.unit}s of worker slot {slot} hold no records "
+                                f"({', '.join(map(str, shards[:3]))}{', ...' if len(shards) > 3 else ''})")
             epoch, per_epoch = epoch + 1, count
 
     def _epoch(self, shards: list[str], seed: int, epoch: int, slot: int) -> Iterator[tuple[str, Record, int]]:
         """One epoch of a slot: its shards in a seeded order, through a seeded shuffle buffer."""
         rng = np.random.default_rng([seed, epoch, slot])
         records = ((shards[i], record) for i in rng.permutation(len(shards))
-                   for record in read_shard_or_report(shards[i]))
+                   for record in self.read(shards[i]))
         buffer: list[tuple[str, Record]] = []
         for item in records:
             if len(buffer) < max(1, self.shuffle_buffer):
@@ -385,6 +394,10 @@ class ShardDataset(IterableDataset):
         for k in rng.permutation(len(buffer)) if self.shuffle_buffer else range(len(buffer)):
             yield (*buffer[k], int(rng.integers(0, 2**62)))
 
+    def what(self) -> str:
+        """What data.path should name, for errors."""
+        return f"a set of webdataset {self.record_kind} shards"
+
     def batch(self, raw: list[tuple[str, Record, int]]) -> dict[str, Any]:
         """Decode and collate raw records; the unreadable ones go to `skipped` (DataError if all are)."""
         decoded = [self.decode(url, record, aug) for url, record, aug in raw]
@@ -394,7 +407,7 @@ class ShardDataset(IterableDataset):
         if not good:
             first = "; ".join(f"{key}: {reason}" for key, reason in skipped[:3])
             raise DataError(f"every one of {len(raw)} records of a micro-batch was unreadable ({first}); is "
-                            f"data.path={self.spec!r} a set of webdataset {self.record_kind} shards?")
+                            f"data.path={self.spec!r} {self.what()}?")
         batch = collate(good)
         batch["skipped"] = skipped
         return batch
@@ -402,7 +415,7 @@ class ShardDataset(IterableDataset):
     def stream(self, micro_batch: int, world_size: int, rank: int, num_workers: int, seed: int,
                consumed: int = 0) -> "ShardStream":
         """This rank's stream of micro-batches, after the `consumed` micro-batches it already trained on."""
-        check_slots(len(self.urls), world_size, num_workers, self.spec)
+        check_slots(len(self.urls), world_size, num_workers, self.spec, self.unit)
         return ShardStream(self, micro_batch, world_size, rank, max(1, num_workers), seed, consumed)
 
 
@@ -459,15 +472,19 @@ class ShardsSource(DataSource):
         super().check(cfg)
         refuse_pipes(cfg.path)
 
+    def files(self, spec: str) -> list[str]:
+        """The files (URLs) data.path names, split into train / val / test as wholes."""
+        return check_shards(spec)
+
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ShardDataset:
         spec = cfg.path
         if cfg.val_fraction > 0 or cfg.test_fraction > 0:
-            splits = split_shards(check_shards(cfg.path), cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
+            splits = split_shards(self.files(cfg.path), cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
             if split not in splits:
                 raise ValueError(f"split={split!r}; allowed: {', '.join(splits)}")
             spec = "::".join(splits[split])
         elif split != "train":
-            raise ValueError(f"data.source=shards ({cfg.path}) has no {split!r} split: set data.val_fraction / "
+            raise ValueError(f"data.source={self.name} ({cfg.path}) has no {split!r} split: set data.val_fraction / "
                              "data.test_fraction")
         return self.dataset(spec, cfg, flip, world_size)
 

@@ -275,7 +275,8 @@ class VideoFolderSource(FolderSource):
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> VideoFolderDataset:
         check_folder(cfg.path)
         return VideoFolderDataset(cfg.path, cfg.image_size, cfg.video, split=split, val_fraction=cfg.val_fraction,
-                                  flip=flip, seed=cfg.split_seed, test_fraction=cfg.test_fraction)
+                                  flip=flip, seed=cfg.split_seed, test_fraction=cfg.test_fraction,
+                                  caption_column=cfg.caption_column, label_column=cfg.label_column)
 
     def info(self, dataset: VideoFolderDataset, cfg: DataConfig) -> DataInfo:
         return DataInfo(num_classes=dataset.num_classes, channels=3, image_size=cfg.image_size, kind="video")

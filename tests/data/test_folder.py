@@ -1,11 +1,14 @@
+import json
 import os
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from genforge.core.config import DataConfig
 from genforge.data import folder as folder_module
-from genforge.data.folder import ImageFolderDataset, split_of
+from genforge.data.base import BadDataError
+from genforge.data.folder import FolderSource, ImageFolderDataset, split_of
 from genforge.data.shapes import ShapesDataset, write_shapes_folder
 
 
@@ -113,3 +116,89 @@ def test_shapes_folder_round_trip(tmp_path):
         ref = by_key[s["key"].split("/")[1].removesuffix(".png")]
         assert s["label"] == ref["label"] and s["text"] == ref["text"]
         assert np.array_equal(s["image"].numpy(), ref["image"].numpy())
+
+
+def test_hugging_face_metadata_captions_labels_and_unusable_rows(tmp_path):
+    """metadata.jsonl / metadata.csv at any depth (file_name relative to it): the caption from data.caption_column
+    (a sidecar .txt only where the row has none), the label from data.label_column (names sorted into 0..K-1);
+    rows naming no image, second rows, bad lines and images without a row are unreadable samples."""
+    _tree(tmp_path, ["a.png", "b.png", "c.png", "orphan.png", "sub/d.png", "sub/e.png"])
+    (tmp_path / "a.txt").write_text("sidecar of a")
+    (tmp_path / "b.txt").write_text("sidecar of b")
+    rows = [{"file_name": "a.png", "caption": "a from metadata", "kind": "dog"},
+            {"file_name": "b.png", "kind": "cat"},  # no caption: its sidecar
+            {"file_name": "gone.png", "caption": "x", "kind": "cat"},
+            {"file_name": "a.png", "caption": "again", "kind": "dog"},
+            {"file_name": "c.png", "caption": "no label"}]
+    lines = [json.dumps(row) for row in rows] + ["not json"]
+    (tmp_path / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "sub" / "metadata.csv").write_text('file_name,caption,kind\nd.png,"d, from\ncsv",emu\ne.png,,cat\n')
+    ds = ImageFolderDataset(tmp_path, 8, split="all", caption_column="caption", label_column="kind")
+    samples = {ds.files[i]: ds[i] for i in range(len(ds))}
+    assert ds.class_names == ["cat", "dog", "emu"] and ds.num_classes == 3
+    good = {k: (s.get("text"), s["label"]) for k, s in samples.items() if "bad" not in s}
+    assert good == {"a.png": ("a from metadata", 1), "b.png": ("sidecar of b", 0), "sub/d.png": ("d, from\ncsv", 2),
+                    "sub/e.png": (None, 0)}
+    bad = {k: s["bad"] for k, s in samples.items() if "bad" in s}
+    assert bad == {"metadata.jsonl@2": "file_name 'gone.png': gone.png does not exist",
+                   "metadata.jsonl@3": "a second row for a.png (the first is metadata.jsonl@0)",
+                   "metadata.jsonl@4": "no kind value",
+                   "metadata.jsonl@5": bad["metadata.jsonl@5"],
+                   "c.png": "its row metadata.jsonl@4 cannot be used",
+                   "orphan.png": "no row in any metadata.jsonl / metadata.csv"}
+    assert bad["metadata.jsonl@5"].startswith("not JSON")
+    assert [FolderSource().class_names(DataConfig(source="folder", path=str(tmp_path), label_column="kind",
+                                                  caption_column="caption"))] == [["cat", "dog", "emu"]]
+    (tmp_path / "labels").mkdir()
+    _tree(tmp_path / "labels", ["x.png", "y.png"])
+    (tmp_path / "labels" / "metadata.csv").write_text("file_name,text,label\nx.png,ex,3\ny.png,why,0\n")
+    ints = ImageFolderDataset(tmp_path / "labels", 8, split="all", label_column="label")  # integers stay indices
+    assert [ints[i]["label"] for i in range(2)] == [3, 0] and ints.num_classes == 4 and ints.class_names == []
+    assert [ints[i]["text"] for i in range(2)] == ["ex", "why"]  # the default caption column: text
+
+
+def test_metadata_files_missing_a_column_are_refused_naming_it(tmp_path):
+    _tree(tmp_path, ["a.png"])
+    (tmp_path / "metadata.jsonl").write_text(json.dumps({"file_name": "a.png", "text": "t"}) + "\n")
+    with pytest.raises(BadDataError, match=r"metadata.jsonl has no column 'label' \(data.label_column\); its "
+                                           r"columns: 'file_name', 'text'"):
+        ImageFolderDataset(tmp_path, 8, label_column="label")
+    (tmp_path / "metadata.jsonl").write_text(json.dumps({"image": "a.png"}) + "\n")
+    with pytest.raises(BadDataError, match=r"has no column 'file_name' \(the image of each row\); its columns: "
+                                           r"'image'"):
+        ImageFolderDataset(tmp_path, 8)
+    (tmp_path / "metadata.jsonl").unlink()
+    with pytest.raises(BadDataError, match="data.label_column='label' names a column of metadata.jsonl"):
+        ImageFolderDataset(tmp_path, 8, label_column="label")
+    with pytest.raises(ValueError, match="data.label_column is not read by data.source=shapes"):
+        DataConfig(source="shapes", label_column="label")
+
+
+def test_a_metadata_folder_trains_a_text_model_on_its_captions(tmp_path, monkeypatch):
+    """A folder laid out for diffusers' train_text_to_image.py (images + metadata.jsonl, no sidecars) trains CLIP's
+    text tower: the metadata captions are the batch's `text`, and the row naming no image is listed as skipped."""
+    from genforge.app.config import load_config
+    from genforge.app.runs import make_trainer
+    from genforge.families.clip.task import ClipTask
+
+    names = [f"{i:02d}.png" for i in range(7)]  # + the row naming no image: 8 samples, one global batch
+    _tree(tmp_path / "data", names)
+    captions = {name: f"picture number {i}" for i, name in enumerate(names)}
+    rows = [{"file_name": name, "text": caption} for name, caption in captions.items()]
+    rows.append({"file_name": "missing.png", "text": "nothing"})
+    (tmp_path / "data" / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    seen: list[str] = []
+    plain = ClipTask.loss
+
+    def loss(self, batch, phase, step):
+        seen.extend(batch["text"])
+        return plain(self, batch, phase, step)
+
+    monkeypatch.setattr(ClipTask, "loss", loss)
+    cfg = load_config("clip-debug", ["data.source=folder", f"data.path={tmp_path / 'data'}", "train.steps=3",
+                                     "train.sample_every=0", "train.checkpoint_every=3", "eval.every=0"])
+    make_trainer(cfg, tmp_path / "run").fit()
+    assert len(seen) == 3 * 8 and set(seen) <= set(captions.values())
+    skipped = [json.loads(line) for line in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()]
+    assert [(s["key"], s["reason"]) for s in skipped] == [
+        ("metadata.jsonl@7", "file_name 'missing.png': missing.png does not exist")]

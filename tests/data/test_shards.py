@@ -22,6 +22,7 @@ from genforge.data.shapes import ShapesDataset, write_shapes_shards
 from genforge.data.shards import DataError, decode_record, split_shards
 from genforge.app.runs import load_codec
 from kill_harness import same_run
+from stream_batches import slot_keys, take as _take
 
 
 def _png(value: int, fmt: str = "PNG", size=(10, 12)) -> bytes:
@@ -52,15 +53,6 @@ def _data(spec, workers=0, **extra) -> DataConfig:
     return DataConfig(source="shards", path=spec, image_size=8, num_workers=workers, **extra)
 
 
-def _take(loader, n):
-    """n batches of a (forever) loader; its workers are shut down before returning."""
-    it = iter(loader)
-    try:
-        return [next(it) for _ in range(n)]
-    finally:
-        del it
-
-
 def test_ranks_times_workers_cover_every_record_once_per_epoch(tmp_path):
     sizes = [3, 5, 2, 7, 4, 6]  # slots (rank, worker) read shards i % 4: 3+4, 5+6, 2, 7 records
     spec = _write_shards(tmp_path, sizes)
@@ -70,14 +62,11 @@ def test_ranks_times_workers_cover_every_record_once_per_epoch(tmp_path):
     per_slot = {0: 7, 1: 11, 2: 2, 3: 7}
     first_epochs, all_keys = [], {f"part-{i:03d}/r{n:04d}" for i, n in
                                   zip(np.repeat(range(6), sizes), range(sum(sizes)))}
-    for rank in range(2):
-        batches = _take(build_train_batches(dataset, data, train, world_size=2, rank=rank), 24)
-        for worker in range(2):  # micro-batch j of a rank comes from worker j % 2
-            keys = [k for b in batches[worker::2] for k in b["key"]]
-            n = per_slot[rank * 2 + worker]
-            first_epochs += keys[:n]
-            assert Counter(keys[n : 2 * n]) == Counter(keys[:n])  # the next epoch: the same records again
-            assert len({k.split("/")[0] for k in keys[:n]}) == len(sizes[rank * 2 + worker::4])
+    for slot, keys in slot_keys(dataset, data, train, world_size=2, workers=2, batches=24).items():
+        n = per_slot[slot]
+        first_epochs += keys[:n]
+        assert Counter(keys[n : 2 * n]) == Counter(keys[:n])  # the next epoch: the same records again
+        assert len({k.split("/")[0] for k in keys[:n]}) == len(sizes[slot::4])
     assert Counter(first_epochs) == Counter(all_keys)  # every record exactly once
 
 
