@@ -31,9 +31,12 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from genforge.core.files import TMP_PREFIX, fsync_dir
-from genforge.engine.checkpoint import CheckpointReadError, step_dir_name
+from genforge.core.status import console
+from genforge.engine.checkpoint import CheckpointReadError, read_json, step_dir_name
 
 SNAPSHOTS = "ema_snapshots"  # the folder of a run that holds them
+SYNTHESIZED = "ema_synthesized"  # the folder of a run that holds the EMAs `genforge ema` synthesised
+SELECTED = "selected"  # in it: which one `sample`, `eval` and `export` use (genforge.app.ema)
 SNAPSHOT_FILE = re.compile(r"^step-(\d{6,})\.safetensors$")
 
 
@@ -110,17 +113,9 @@ class SnapshotDir:
     def write(self, step: int, tensors: dict[str, Tensor], sigma_rels: tuple[float, ...], gammas: tuple[float, ...],
               phases: dict[str, tuple[int, list[str]]]) -> Path:
         """Write the snapshot of `step` (`tensors`: `<index>/<name>`, whole) atomically; returns its path."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / f"{step_dir_name(step)}.safetensors"
-        tmp = self.root / f"{TMP_PREFIX}{final.name}"
         metadata = {"step": str(step), "sigma_rels": json.dumps(list(sigma_rels)), "gammas": json.dumps(list(gammas)),
                     "phases": json.dumps({p: {"t": t, "names": list(names)} for p, (t, names) in phases.items()})}
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fsync_dir(self.root)
-        return final
+        return save_atomically(self.root / f"{step_dir_name(step)}.safetensors", tensors, metadata)
 
     def snapshots(self, up_to: int | None = None) -> list[Snapshot]:
         """The snapshots, oldest first (those of steps up to `up_to`, when given); a file whose header is not a
@@ -147,6 +142,19 @@ class SnapshotDir:
         if doomed:
             fsync_dir(self.root)
         return doomed
+
+
+def save_atomically(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
+    """Write `tensors` (with the header `metadata`) as the safetensors file `path`: to a temporary name, fsynced,
+    renamed into place; a kill leaves the old file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return path
 
 
 def read_snapshot(path: Path) -> Snapshot:
@@ -193,3 +201,25 @@ def synthesize(snapshots: list[Snapshot], sigma_rel: float) -> tuple[dict[str, T
                         out[name].add_(tensors[f"{i}/{name}"].double(), alpha=float(x))
     weights = {name: t.float() for name, t in out.items()}
     return weights, {phase: coefficients.tolist() for phase, (_, coefficients) in plans.items()}
+
+
+def selected_ema(run_dir: Path, checkpoint: Path) -> Path | None:
+    """The synthesised EMA file selected for the run (RUN/ema_synthesized/selected, genforge.app.ema) if it goes
+    with `checkpoint`; a selection made at another checkpoint (training went on since) is named in a warning and not
+    used. CheckpointReadError when the selection is unreadable or names a file that is not there."""
+    marker = Path(run_dir) / SYNTHESIZED / SELECTED
+    if not marker.is_file():
+        return None
+    record = read_json(marker)
+    if not isinstance(record, dict) or not isinstance(record.get("file"), str):
+        raise CheckpointReadError(f"{marker} is not a selection record (remove it: genforge ema RUN --trained)")
+    path = marker.parent / record["file"]
+    if record.get("checkpoint") != Path(checkpoint).name:
+        console().warning(f"{marker} selects the EMA of sigma_rel {record.get('sigma_rel')} synthesised at "
+                          f"{record.get('checkpoint')}, but the newest checkpoint is {Path(checkpoint).name}: using "
+                          f"its trained EMA (synthesise again: genforge ema {run_dir} --sigma-rel X)")
+        return None
+    if not path.is_file():
+        raise CheckpointReadError(f"{marker} selects {path}, which is missing (genforge ema RUN --trained: the "
+                                  "trained EMA again)")
+    return path
