@@ -4,6 +4,7 @@ load_run then use, go back to the trained EMA, sweep widths by a metric, and ref
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -43,7 +44,7 @@ def _ema_params(run_dir, **kwargs):
 def _grid(run_dir, path):
     out = runner.invoke(app, ["sample", str(run_dir), "--n", "4", "--label", "3", "--out", str(path)])
     assert out.exit_code == 0, out.output
-    return torch.tensor(list(Image.open(path).getdata()), dtype=torch.float32)
+    return torch.from_numpy(np.asarray(Image.open(path))).float()
 
 
 def test_synthesise_select_sample_and_back(run, tmp_path):
@@ -96,9 +97,10 @@ def test_the_python_api_synthesises_as_the_cli_does(run):
 
 def test_a_sweep_scores_each_width_and_reports_the_best(run, monkeypatch):
     from genforge.eval import judge as judge_module
+    from genforge.eval import metrics as metrics_module
 
     quick, _ = judge_module.train_judge(image_size=16, steps=5, batch_size=16)
-    monkeypatch.setattr(judge_module, "load_or_train_judge", lambda *a, **k: quick)
+    monkeypatch.setattr(metrics_module, "load_or_train_judge", lambda *a, **k: quick)
     out = runner.invoke(app, ["ema", str(run), "--sweep", "0.05,0.1,0.15", "--metric", "judge", "--n", "8"])
     assert out.exit_code == 0, out.output
     record = json.loads((run / "ema_synthesized" / "sweep-judge.json").read_text())
