@@ -190,15 +190,13 @@ def synthesize(snapshots: list[Snapshot], sigma_rel: float) -> tuple[dict[str, T
     phase_names = {phase: last.phases[phase][1] for phase in plans}
     for name in (n for names in phase_names.values() for n in names):
         out[name].zero_()
-    for s, snap in enumerate(snapshots):
-        if not any(s == t for terms, _ in plans.values() for t, _ in terms):
-            continue
-        tensors = snap.tensors()
-        for phase, (terms, coefficients) in plans.items():
-            for (t, i), x in zip(terms, coefficients):
-                if t == s:
-                    for name in phase_names[phase]:
-                        out[name].add_(tensors[f"{i}/{name}"].double(), alpha=float(x))
+    for s, snap in enumerate(snapshots):  # one snapshot's tensors in memory at a time
+        uses = [(phase, i, float(x)) for phase, (terms, coefficients) in plans.items()
+                for (t, i), x in zip(terms, coefficients) if t == s]
+        tensors = snap.tensors() if uses else {}
+        for phase, i, x in uses:
+            for name in phase_names[phase]:
+                out[name].add_(tensors[f"{i}/{name}"].double(), alpha=x)
     weights = {name: t.float() for name, t in out.items()}
     return weights, {phase: coefficients.tolist() for phase, (_, coefficients) in plans.items()}
 

@@ -128,7 +128,7 @@ class TrainState:
         self.check_consistency()
         return final or self.checkpoints.root / step_dir_name(self.step)
 
-    def snapshot_ema(self) -> Path | None:
+    def snapshot_ema(self) -> Path:
         """Write the power-function EMAs' snapshot of this step into RUN/ema_snapshots/ (genforge.engine.phema),
         written by the main process; under sharding every rank takes part in gathering each average whole, one
         tensor at a time. CheckpointError when it cannot be written (every rank raises)."""

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from genforge.core.config import ConfigChange, ConfigError, DataConfig, EvalConfig, LogConfig, TrainConfig
-from genforge.core.files import write_atomically
+from genforge.core.files import TMP_PREFIX, write_atomically
 from genforge.core.precision import check_precision
 from genforge.core.random import BatchRandom
 from genforge.core.status import console
@@ -165,9 +165,13 @@ class Trainer:
     def _drop_later_snapshots(self) -> None:
         """Remove the EMA snapshots of steps after the state's (the main process; every rank waits for it)."""
         if self.accelerator.is_main_process:
-            dropped = self.state.snapshots.drop_after(self.state.step)
-            if self.logger and any(p.suffix == ".safetensors" and not p.name.startswith(".") for p in dropped):
-                self.logger.event(self.state.step, "ema_snapshots_dropped", ", ".join(p.name for p in dropped))
+            dropped = [p.name for p in self.state.snapshots.drop_after(self.state.step)
+                       if not p.name.startswith(TMP_PREFIX)]
+            if dropped:
+                line = f"removed the EMA snapshots past step {self.state.step} ({', '.join(dropped)}): written anew"
+                console().info(line)
+                if self.logger:
+                    self.logger.event(self.state.step, "ema_snapshots_dropped", line)
         self.accelerator.wait_for_everyone()
 
     # ------------------------------------------------------------------------------------------- fit
