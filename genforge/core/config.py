@@ -16,8 +16,8 @@ from genforge.core.codec import InputRun
 from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
-__all__ = ["ConfigChange", "ConfigError", "DataConfig", "EmaConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig",
-           "MAX_BATCH", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "OnResume", "OptimizerSettings",
+__all__ = ["ConfigChange", "ConfigError", "DataConfig", "EmaConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig",
+           "LogConfig", "MAX_BATCH", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "OnResume", "OptimizerSettings",
            "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel", "TrainConfig", "config_changes", "on_resume"]
 
 

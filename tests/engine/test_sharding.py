@@ -200,7 +200,7 @@ def test_power_ema_snapshots_of_a_sharded_run_resume_exactly_and_synthesise(tmp_
     _train(tmp_path / "split", "dit-debug", "fsdp", 3, 2, *power)
     _train(tmp_path / "split", "dit-debug", "fsdp", 6, 2, *power)
     names = sharded_tensors(tmp_path / "straight" / "checkpoints" / "step-000006" / "shards")
-    assert any(n.startswith("power_ema.1/model.") for n in names)
+    assert any(n.startswith("power_ema.1/blocks.") for n in names)
     snapshots = {run: {p.name: load_file(str(p)) for p in (tmp_path / run / "ema_snapshots").glob("*.safetensors")}
                  for run in ("straight", "split")}
     assert sorted(snapshots["straight"]) == ["step-000002.safetensors", "step-000004.safetensors",
