@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from torch import Tensor
 
-from genforge.app.runs import LoadedRun, load_run
+from genforge.app.runs import LoadedRun
 from genforge.core.config import MAX_SIGMA_REL, ConfigError
 from genforge.core.files import write_atomically
 from genforge.core.registry import METRICS

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
