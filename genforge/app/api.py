@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from torch import Tensor
 
 from genforge.app import runs
+from genforge.app.ema import SynthesizedEma, load_ema_weights, synthesize_ema, write_synthesized
 from genforge.app.config import RunConfig, config_from_dict, load_config
 from genforge.core.config import ConfigError, SampleOptions
 from genforge.core.precision import check_precision
@@ -243,6 +244,18 @@ class Run(runs.LoadedRun):
         if write and results:
             write_eval_results(self.path, self.step, results)
         return results
+
+    def synthesize_ema(self, sigma_rel: float, write: bool = False) -> SynthesizedEma:
+        """Put the power-function EMA of width `sigma_rel`, synthesised from the run's snapshots (post-hoc EMA,
+        EDM2; a train.ema.kind=power run; docs/ema.md), into this run's model, so `sample` and `evaluate` use it.
+        `write`: also written into RUN/ema_synthesized/ and selected, as `genforge ema RUN --sigma-rel X` does, so
+        `genforge sample`, `eval`, `export` and later `load_run`s use it. ConfigError for a width out of range or
+        a run without snapshots."""
+        ema = synthesize_ema(self, self.path, sigma_rel)
+        load_ema_weights(self, ema.weights)
+        if write:
+            write_synthesized(self.path, ema)
+        return ema
 
 
 def load_run(path: str | Path, device: str | torch.device | None = None, ema: bool = True) -> Run:

@@ -27,7 +27,8 @@ from genforge.core.task import Task
 from genforge.data.base import DataInfo
 from genforge.data.cache import check_cache
 from genforge.data.loader import HeldOutData, build_dataset, check_enough_samples, image_data, scan_data_info
-from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, read_json
+from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, load_tensors, read_json
+from genforge.engine.phema import selected_ema
 from genforge.engine.verify import expected_tensors, newest_usable, read_weights, verify_checkpoint, weights_hash
 from genforge.engine.trainer import Trainer, TrainingRun
 from genforge.nn.frozen import Frozen
@@ -157,11 +158,14 @@ def count_parameters(task: Task) -> dict[str, int]:
     return counts
 
 
-def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True) -> LoadedRun:
+def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True,
+             synthesized: bool = True) -> LoadedRun:
     """Config + task with the EMA (or live) weights of the newest checkpoint that verifies, safetensors only. A
     damaged newer checkpoint is named in a warning on stderr and skipped, never moved or changed (a reader); a
     CheckpointReadError names the files when none is usable. On the meta device only the structure is built
-    (nothing is read but the config, the checkpoint's JSON and safetensors headers)."""
+    (nothing is read but the config, the checkpoint's JSON and safetensors headers). The EMA is the one `genforge
+    ema` synthesised and selected for that checkpoint when there is one (and `synthesized`; said on stderr), else
+    the checkpoint's."""
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
@@ -211,16 +215,34 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
             missing, unexpected = task.ema_module().load_state_dict(shadow, strict=False)
             if unexpected or len(shadow) == 0:
                 raise ConfigError(f"the EMA weights of {ckpt} do not match this model ({unexpected[:3]})")
+            chosen = selected_ema(run_dir, ckpt) if synthesized else None
+            if chosen is not None:
+                _load_synthesized_ema(task, chosen, str(device))
     task.load_state_from_checkpoint(state["family_state"])
     task.eval()
     return LoadedRun(cfg, task, int(state["step"]), ckpt)
+
+
+def _load_synthesized_ema(task: Task, path: Path, device: str) -> None:
+    """Put the EMA weights `genforge ema` synthesised (`path`) into the task's EMA module, and say so on stderr."""
+    weights = load_tensors(path, device)
+    params = dict(task.ema_module().named_parameters())
+    if set(weights) != set(params):
+        raise ConfigError(f"{path} holds other weights than this model's EMA (e.g. "
+                          f"{sorted(set(weights) ^ set(params))[:3]}); select the trained EMA: genforge ema RUN "
+                          "--trained")
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    console().info(f"EMA weights: {path} (synthesised by genforge ema; the trained EMA: genforge ema "
+                   f"{path.parent.parent} --trained)")
 
 
 def load_codec(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple[nn.Module, CodecInfo]:
     """The frozen codec of a tokenizer run (EMA weights of its latest checkpoint) and where it comes from.
     Raises ConfigError when `run_dir` is not a run, has no checkpoint, or is not a tokenizer."""
     run_dir = Path(run_dir).resolve()
-    run = load_run(run_dir, device)
+    run = load_run(run_dir, device, synthesized=False)  # the checkpoint's EMA, whose hash a cache records
     codec = run.task.codec()
     family = run.config.model.family
     if codec is None:

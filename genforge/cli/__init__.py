@@ -1,6 +1,7 @@
-"""genforge command line (`genforge`, `python -m genforge`): the commands (`commands`) and the sampling flags they
-generate from the options models (`sampling_flags`)."""
+"""genforge command line (`genforge`, `python -m genforge`): the commands (`commands`; `genforge ema` in
+`ema_command`) and the sampling flags they generate from the options models (`sampling_flags`)."""
 
+from genforge.cli import ema_command  # noqa: F401  (registers `genforge ema` on the app)
 from genforge.cli.commands import app, main
 
 __all__ = ["app", "main"]

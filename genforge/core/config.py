@@ -16,8 +16,8 @@ from genforge.core.codec import InputRun
 from genforge.core.errors import ConfigError
 from genforge.core.registry import DATA_SOURCES
 
-__all__ = ["ConfigChange", "ConfigError", "DataConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig", "LogConfig",
-           "MAX_BATCH", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "OnResume", "OptimizerSettings",
+__all__ = ["ConfigChange", "ConfigError", "DataConfig", "EmaConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig",
+           "LogConfig", "MAX_BATCH", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "OnResume", "OptimizerSettings",
            "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel", "TrainConfig", "config_changes", "on_resume"]
 
 
@@ -266,7 +266,8 @@ class OptimizerSettings(StrictModel):
                                                             "optimizer steps between decays (DALLE-pytorch 100)")
     grad_clip: Annotated[float, OnResume.CHANGE] = Field(1.0, ge=0.0, description="max global grad norm; 0 "
                                                          "disables")
-    ema_decay: Annotated[float, OnResume.CHANGE] = Field(0.9999, ge=0.0, lt=1.0)
+    ema_decay: Annotated[float, OnResume.CHANGE] = Field(0.9999, ge=0.0, lt=1.0, description="the decay of "
+                                                         "train.ema.kind=exponential (unused by kind=power)")
 
 
 def all_optional(settings: type[StrictModel]) -> type[StrictModel]:
@@ -281,6 +282,48 @@ class PhaseConfig(all_optional(OptimizerSettings)):  # type: ignore[misc]
     U-Net of a cascade (dalle2_decoder: unet1, unet2) or vqgan's discriminator with its own learning rate. Unset
     fields take the train section's value; warmup_steps counts this phase's own optimizer steps and ema_decay is
     that of the weights this phase trains."""
+
+
+POWER_EMA_SIGMA_RELS = (0.05, 0.10)  # EDM2's two tracked averages (Karras et al. 2024, §3)
+MAX_SIGMA_REL = (1 / 12) ** 0.5  # σ_rel of γ = 0 (a plain running mean): the widest power-function EMA
+
+
+class EmaConfig(StrictModel):
+    """Which EMA of the weights a run keeps (`train.ema`). exponential (the default): one average of decay
+    `train.ema_decay` (with `train.ema_warmup`), as every run before. power: EDM2's power-function EMAs (Karras et al.
+    2024, "Analyzing and Improving the Training Dynamics of Diffusion Models", §3), one per relative width in
+    `sigma_rels` (the first is what previews, eval, sample and export use), and snapshots of them every
+    `snapshot_every` steps into RUN/ema_snapshots/, from which `genforge ema RUN --sigma-rel X` synthesises the
+    average of any width after training (docs/ema.md)."""
+
+    kind: Literal["exponential", "power"] = "exponential"
+    sigma_rels: list[float] | None = Field(
+        None, min_length=1, max_length=8, description="kind=power: the relative widths σ_rel of the tracked averages "
+        f"(default {list(POWER_EMA_SIGMA_RELS)}); each in (0, 0.2887); the first is the run's EMA weights")
+    snapshot_every: Annotated[int | None, OnResume.CHANGE] = Field(
+        None, ge=1, description="kind=power: steps between snapshots (default train.checkpoint_every, 500 when that "
+                                "is 0); the last step always has one")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "EmaConfig":
+        if self.kind == "exponential":
+            given = [name for name in ("sigma_rels", "snapshot_every") if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"train.ema.{given[0]} applies to train.ema.kind=power, not exponential (whose decay "
+                                 "is train.ema_decay)")
+            return self
+        for i, sigma_rel in enumerate(self.sigma_rels or ()):
+            if not 0.0 < sigma_rel < MAX_SIGMA_REL:
+                raise ValueError(f"train.ema.sigma_rels[{i}]={sigma_rel} must be in (0, {MAX_SIGMA_REL:.4f}) (σ_rel of "
+                                 "a power-function EMA: its width relative to the training so far)")
+        if self.sigma_rels is not None and len(set(self.sigma_rels)) != len(self.sigma_rels):
+            raise ValueError(f"train.ema.sigma_rels={self.sigma_rels} names one width twice")
+        return self
+
+    @property
+    def widths(self) -> tuple[float, ...]:
+        """The σ_rel of each tracked power-function EMA (kind=power), the run's EMA weights' first."""
+        return tuple(self.sigma_rels) if self.sigma_rels is not None else POWER_EMA_SIGMA_RELS
 
 
 class TrainConfig(OptimizerSettings):
@@ -311,6 +354,8 @@ class TrainConfig(OptimizerSettings):
                                                "resumed run warms up from its own first update)")
     ema_start: int = Field(0, ge=0, description="updates of a phase before EMA starts averaging its weights (it "
                                                 "copies until then)")
+    ema: EmaConfig = Field(default_factory=EmaConfig, description="exponential (train.ema_decay) or EDM2's "
+                           "power-function EMAs with snapshots for post-hoc synthesis (docs/ema.md)")
     log_every: Annotated[int, OnResume.CHANGE] = Field(10, gt=0)
     sample_every: Annotated[int, OnResume.CHANGE] = Field(500, ge=0, description="0: only at the end")
     num_samples: Annotated[int, OnResume.CHANGE] = Field(16, gt=0, le=256,
@@ -355,12 +400,24 @@ class TrainConfig(OptimizerSettings):
             raise ValueError(
                 f"train.batch_size={self.batch_size} must be divisible by train.grad_accum={self.grad_accum}"
             )
+        if self.ema.kind == "power":  # train.ema_decay, which every preset sets, is left unused (docs/ema.md)
+            decays = [(name, phase.ema_decay) for name, phase in self.phases.items() if phase.ema_decay is not None]
+            if decays:
+                raise ValueError(f"train.phases.{decays[0][0]}.ema_decay={decays[0][1]} is a decay of "
+                                 "train.ema.kind=exponential; train.ema.kind=power averages every phase with "
+                                 "train.ema.sigma_rels instead: set one of them")
         for where, betas in [("train.betas", self.betas)] + [(f"train.phases.{name}.betas", phase.betas)
                                                               for name, phase in self.phases.items()]:
             for i, beta in enumerate(betas or ()):
                 if not 0.0 <= beta < 1.0:
                     raise ValueError(f"{where}[{i}]={beta} must be in [0, 1)")
         return self
+
+    @property
+    def snapshot_every(self) -> int:
+        """Steps between power-function EMA snapshots: train.ema.snapshot_every, default train.checkpoint_every
+        (500 when that is 0)."""
+        return self.ema.snapshot_every or self.checkpoint_every or 500
 
     def for_phase(self, phase: str) -> "TrainConfig":
         """This section with `train.phases.<phase>`'s settings in place of its own."""

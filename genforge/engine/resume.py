@@ -25,7 +25,7 @@ from genforge.engine.collectives import any_rank, main_decides
 from genforge.engine.logging import console
 from genforge.engine.optim import materialize_state
 from genforge.engine.sharding import laid_out_like, load_shards
-from genforge.engine.state import TrainState
+from genforge.engine.state import POWER_EMA, TrainState
 
 # What a checkpoint restores, by name (`restore(skip=...)` lets tests prove each one matters).
 STATE_PIECES = ("model", "ema", "optimizer", "scheduler", "grad_scaler", "rng", "step", "data_position",
@@ -92,11 +92,12 @@ def verify(state: TrainState, path: Path) -> None:
     the checkpoint never trained may be absent); raises CheckpointReadError naming the file."""
     _, fresh = _fresh_parameters(state, path)
     task = state.task
+    power = state.ema.power_state_dict()
     verify_checkpoint(path, expected_tensors(task.state_dict()),
                       expected_ema=expected_tensors(state.ema.state_dict()),
                       may_lack={n for n, p in task.named_parameters() if id(p) in fresh},
                       ema_may_lack={n for n, p in task.ema_module().named_parameters() if id(p) in fresh},
-                      resume=True)
+                      resume=True, expected_power_ema=expected_tensors(power) if power else None)
 
 
 def choose_checkpoint(state: TrainState) -> tuple[Path | None, list[str]]:
@@ -148,6 +149,8 @@ def initialise_from(state: TrainState, source: str) -> str:
         weights = {part: read_weights(path, part, str(acc.device)) for part in ("model", "ema")}
         step = int(read_json(path / "trainer_state.json")["step"])
         for part, current in state.tensors().items():
+            if part == POWER_EMA:  # a power-function EMA's first update copies the weights: nothing to start from
+                continue
             mismatch = weights_mismatch(weights[part], current)
             if mismatch:
                 error = (f"train.init_from={source}: the {part} weights of {path} do not fit this model ("
@@ -181,18 +184,22 @@ def restore(state: TrainState, path: Path, skip: Iterable[str] = ()) -> None:
     check_references(saved.get("inputs", {}), task.input_references, path)
     new_phases, fresh = _fresh_parameters(state, path)
     saved_phases = [p for p in task.phase_names() if p not in new_phases]
+    power = bool(state.ema.power_shadows) and "ema" not in skip
     if (path / SHARDS).is_dir():
-        weights, ema_weights, optimizer_states = _read_sharded(state, path, saved_phases, skip)
+        weights, ema_weights, power_weights, optimizer_states = _read_sharded(state, path, saved_phases, skip)
     else:
         device = str(acc.device)
         weights = load_tensors(path / "model.safetensors", device) if "model" not in skip else None
         ema_weights = load_tensors(path / "ema.safetensors", device) if "ema" not in skip else None
+        power_weights = load_tensors(path / f"{POWER_EMA}.safetensors", device) if power else None
         optimizer_states = {phase: load_state(path / "optim" / phase) for phase in saved_phases}
     if weights is not None:
         _load_weights(task, weights, fresh, path.name, acc.is_main_process)
+    new_averaged = {n for n, p in task.ema_module().named_parameters() if id(p) in fresh}
     if ema_weights is not None:
-        new_averaged = {n for n, p in task.ema_module().named_parameters() if id(p) in fresh}
         state.ema.load_state_dict(ema_weights, may_lack=new_averaged)
+    if power_weights is not None:
+        state.ema.load_power_state_dict(power_weights, may_lack=new_averaged)
     if "ema" not in skip:
         state.ema.load_updates(_ema_updates(saved, task.phase_names(), saved_phases))
     for phase in task.phase_names():
@@ -252,13 +259,15 @@ def _ema_updates(saved: dict[str, Any], phases: tuple[str, ...], saved_phases: l
 
 
 def _read_sharded(state: TrainState, path: Path, phases: list[str], skip: set[str]) -> tuple[
-        dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Any]]:
-    """The weights, EMA and optimizer states of `phases` from a sharded checkpoint, read (a collective) into
-    tensors laid out as this run's: each rank its own shards at this world size, whatever the checkpoint's."""
+        dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Any]]:
+    """The weights, EMA, other power-function EMAs (None without) and optimizer states of `phases` from a sharded
+    checkpoint, read (a collective) into tensors laid out as this run's: each rank its own shards at this world
+    size, whatever the checkpoint's."""
     shards = sharded_tensors(path / SHARDS, read_json(path / "trainer_state.json").get("world_size"))
     template: dict[str, Tensor] = {}
     for part, tensors in state.tensors().items():
-        if part not in skip:  # weights of a phase new since the checkpoint are not in it
+        if part not in skip and not (part == POWER_EMA and "ema" in skip):  # weights of a phase new since the
+            # checkpoint are not in it
             template.update({f"{part}.{k}": t for k, t in tensors.items() if f"{part}.{k}" in shards})
     skeletons = {phase: read_json(path / "optim" / f"{phase}.json") for phase in phases}
     for phase, skeleton in skeletons.items():
@@ -276,4 +285,6 @@ def _read_sharded(state: TrainState, path: Path, phases: list[str], skip: set[st
     load_shards(path / SHARDS, template)
     parts = {part: None if part in skip else {k[len(part) + 1:]: t for k, t in template.items()
                                               if k.startswith(f"{part}.")} for part in ("model", "ema")}
-    return parts["model"], parts["ema"], {p: unflatten_state(s, template) for p, s in skeletons.items()}
+    power = {k[len(POWER_EMA) + 1:]: t for k, t in template.items() if k.startswith(f"{POWER_EMA}.")}
+    return (parts["model"], parts["ema"], power if state.ema.power_shadows and "ema" not in skip else None,
+            {p: unflatten_state(s, template) for p, s in skeletons.items()})

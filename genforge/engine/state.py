@@ -24,7 +24,10 @@ from genforge.engine.checkpoint import (SHARDS, WRITE_ERRORS, CheckpointDir, Che
 from genforge.engine.collectives import any_rank, main_decides
 from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
-from genforge.engine.sharding import local, save_shards
+from genforge.engine.phema import SnapshotDir
+from genforge.engine.sharding import local, save_shards, whole
+
+POWER_EMA = "power_ema"  # the checkpoint part of the power-function EMAs after the first (train.ema.kind=power)
 
 
 class TrainingError(RuntimeError):
@@ -44,6 +47,7 @@ class TrainState:
     optimizers: dict[str, Any]
     schedulers: dict[str, Any]
     checkpoints: CheckpointDir
+    snapshots: SnapshotDir  # train.ema.kind=power: RUN/ema_snapshots/
     dataset: Any
     data_info: DataInfo
     sharded: bool  # the weights are split over the processes (train.sharding=fsdp, several processes)
@@ -59,8 +63,12 @@ class TrainState:
         return self.train.sharding == "fsdp"
 
     def tensors(self) -> dict[str, dict[str, Tensor]]:
-        """The weights and EMA by part ("model", "ema"); under sharding each rank's shards."""
-        return {"model": self.task.state_dict(), "ema": self.ema.state_dict()}
+        """The weights and EMA by part ("model", "ema", and with train.ema.kind=power and more than one σ_rel
+        "power_ema", the other averages); under sharding each rank's shards."""
+        parts = {"model": self.task.state_dict(), "ema": self.ema.state_dict()}
+        if self.ema.power_shadows:
+            parts[POWER_EMA] = self.ema.power_state_dict()
+        return parts
 
     def optimizer_state(self, phase: str) -> dict[str, Any]:
         return {"optimizer": self.optimizers[phase].state_dict(), "scheduler": self.schedulers[phase].state_dict()}
@@ -120,6 +128,29 @@ class TrainState:
         self.check_consistency()
         return final or self.checkpoints.root / step_dir_name(self.step)
 
+    def snapshot_ema(self) -> Path:
+        """Write the power-function EMAs' snapshot of this step into RUN/ema_snapshots/ (genforge.engine.phema),
+        written by the main process; under sharding every rank takes part in gathering each average whole, one
+        tensor at a time. CheckpointError when it cannot be written (every rank raises)."""
+        acc = self.accelerator
+        main = acc.is_main_process
+        averages: dict[str, Tensor] = {}
+        for name, tensor in self.ema.averages().items():
+            full = whole(tensor)  # a collective for a shard
+            if main:
+                averages[name] = full.detach().cpu()
+
+        def write() -> str:
+            phases = {phase: (t, names) for (phase, (_, names)), t in zip(self.ema.phases.items(),
+                                                                           self.ema.averaged().values())}
+            try:
+                return str(self.snapshots.write(self.step, averages, self.train.ema.widths, self.ema.gammas, phases))
+            except WRITE_ERRORS as err:
+                raise CheckpointError(f"could not write the EMA snapshot of step {self.step} into "
+                                      f"{self.snapshots.root} ({type(err).__name__}: {err})") from err
+
+        return Path(main_decides(acc, write, (CheckpointError,)))
+
     def _nonfinite(self) -> list[str]:
         """Weights or EMA values that are NaN or infinite (a checkpoint must not hold them): checked by the main
         process, or under sharding by every rank on its shards, every rank then learning whether any found one."""
@@ -156,6 +187,8 @@ class TrainState:
         else:
             save_tensors(tmp / "model.safetensors", self.task.state_dict())
             save_tensors(tmp / "ema.safetensors", self.ema.state_dict())
+            if self.ema.power_shadows:
+                save_tensors(tmp / f"{POWER_EMA}.safetensors", self.ema.power_state_dict())
             for phase in self.optimizers:
                 save_state(tmp / "optim" / phase, self.optimizer_state(phase))
             for phase, saved in self.carried.items():
@@ -175,6 +208,7 @@ class TrainState:
             "data_slots": data_slots,  # a stream's processes x workers
             "family_state": self.task.state_for_checkpoint(),
             "ema_updates": dict(self.ema.updates),  # per phase: its EMA warm-up counts its own updates
+            "ema_gammas": list(self.ema.gammas),  # train.ema.kind=power: γ of ema, then of each power_ema index
             "data_info": asdict(self.data_info),
             "inputs": {name: dict(ref) for name, ref in self.task.input_references.items()},  # referred to
             "eval": self.last_eval if self.last_eval.get("step") == self.step else None,

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from genforge.core.config import ConfigChange, ConfigError, DataConfig, EvalConfig, LogConfig, TrainConfig
-from genforge.core.files import write_atomically
+from genforge.core.files import TMP_PREFIX, write_atomically
 from genforge.core.precision import check_precision
 from genforge.core.random import BatchRandom
 from genforge.core.status import console
@@ -40,6 +40,7 @@ from genforge.engine.collectives import gather_rows, main_decides, peer_failed
 from genforge.engine.ema import EMA, ema_phases
 from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
 from genforge.engine.logging import RunLogger, RunOutcome, StepLines, StepLogs, write_samples
+from genforge.engine.phema import SNAPSHOTS, SnapshotDir, sigma_rel_to_gamma
 from genforge.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler
 from genforge.engine.preemption import Preempted, StopRequests
 from genforge.engine.resume import (STATE_PIECES, initialise_from, plan_start, record_config_changes, restore)
@@ -138,11 +139,12 @@ class Trainer:
         if not self.sharded:  # FSDP2 reduces the gradients itself: no DDP wrapper
             self.parallel_task, *prepared = acc.prepare(task, *optimizers.values())
             optimizers = dict(zip(task.phases, prepared))
+        gammas = tuple(map(sigma_rel_to_gamma, tc.ema.widths)) if tc.ema.kind == "power" else ()
         ema = EMA(task.ema_module(), tc.ema_decay, tc.ema_warmup, tc.ema_start,
-                  ema_phases(task, self.phase_train))
+                  ema_phases(task, self.phase_train), gammas)
         self.state = TrainState(acc, tc, task, ema, optimizers, schedulers,
                                 CheckpointDir(self.run_dir / "checkpoints", tc.keep_last, tc.keep_best_mode),
-                                dataset, info, self.sharded)
+                                SnapshotDir(self.run_dir / SNAPSHOTS), dataset, info, self.sharded)
         self.nonfinite_in_a_row = 0
         self.outcome = RunOutcome()  # for the closing summary
         self.logger: RunLogger | None = None
@@ -155,8 +157,22 @@ class Trainer:
         return self.state.save()
 
     def load_checkpoint(self, path: Path, skip: Iterable[str] = ()) -> None:
-        """Restore everything a checkpoint holds (genforge.engine.resume.restore; `skip`: STATE_PIECES to leave)."""
+        """Restore everything a checkpoint holds (genforge.engine.resume.restore; `skip`: STATE_PIECES to leave), and
+        drop the EMA snapshots of later steps (a continuation this run abandons and writes anew)."""
         restore(self.state, path, skip)
+        self._drop_later_snapshots()
+
+    def _drop_later_snapshots(self) -> None:
+        """Remove the EMA snapshots of steps after the state's (the main process; every rank waits for it)."""
+        if self.accelerator.is_main_process:
+            dropped = [p.name for p in self.state.snapshots.drop_after(self.state.step)
+                       if not p.name.startswith(TMP_PREFIX)]
+            if dropped:
+                line = f"removed the EMA snapshots past step {self.state.step} ({', '.join(dropped)}): written anew"
+                console().info(line)
+                if self.logger:
+                    self.logger.event(self.state.step, "ema_snapshots_dropped", line)
+        self.accelerator.wait_for_everyone()
 
     # ------------------------------------------------------------------------------------------- fit
     def fit(self, stop_at: int | None = None) -> Path:
@@ -194,6 +210,13 @@ class Trainer:
                 console().info(f"resumed from {plan.checkpoint} (step {state.step})")
         elif plan.init_from is not None:  # a fresh run only: a resume loads its own checkpoint instead
             events.append(("init_from", initialise_from(state, plan.init_from)))
+        if plan.checkpoint is None:  # a fresh start: snapshots a run killed before its first checkpoint left
+            self._drop_later_snapshots()
+        if acc.is_main_process and cfg.train.ema.kind == "power":
+            console().info(f"power-function EMAs of sigma_rel {', '.join(map(str, cfg.train.ema.widths))} (gamma "
+                           f"{', '.join(f'{g:.3f}' for g in state.ema.gammas)}), snapshots every "
+                           f"{cfg.train.snapshot_every} steps into {state.snapshots.root}; the EMA weights are "
+                           f"sigma_rel {cfg.train.ema.widths[0]}'s (train.ema_decay does not apply)")
         if acc.is_main_process:  # only once the checkpoint fits: a refused resume leaves config.yaml as it was
             record_config_changes(self.run_dir, state.step, plan.changes)
             write_atomically(self.run_dir / "config.yaml", cfg.config_yaml)
@@ -259,6 +282,8 @@ class Trainer:
                 self.outcome.samples = self.sample_grid() or self.outcome.samples
             if self.run.eval.every and self._due(self.run.eval.every):
                 self.evaluate()
+            if tc.ema.kind == "power" and self._due(tc.snapshot_every):  # before a checkpoint of the same step
+                state.snapshot_ema()
             if self._due(tc.checkpoint_every) or signum:
                 self.outcome.checkpoint = self.save_checkpoint()
                 if signum:

@@ -210,7 +210,8 @@ def nonfinite_weights(path: Path) -> list[str]:
 
 
 def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_ema: Expected | None = None,
-                      may_lack: Iterable[str] = (), ema_may_lack: Iterable[str] = (), resume: bool = False) -> None:
+                      may_lack: Iterable[str] = (), ema_may_lack: Iterable[str] = (), resume: bool = False,
+                      expected_power_ema: Expected | None = None) -> None:
     """Check a checkpoint folder before anything is loaded from it; a CheckpointReadError names the file and the
     cause.
 
@@ -218,9 +219,10 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
     make up every tensor), trainer_state.json a JSON object with the keys sampling needs, and then weights that are
     all finite (read one tensor at a time: a checkpoint with a NaN is not complete). With `expected`
     (`expected_ema`): the tensor names, shapes and dtypes of the model (EMA) weights match it, names in `may_lack`
-    (`ema_may_lack`) may be absent. With `resume` (what training needs besides): the resume keys of
-    trainer_state.json, the optimizer files of each phase in optim/ and the rng files of every rank of the run
-    that wrote it."""
+    (`ema_may_lack`) may be absent; with `expected_power_ema` (train.ema.kind=power), the other power-function
+    EMAs (`power_ema.safetensors`, names `<index>/<name>`) too. With `resume` (what training needs besides): the
+    resume keys of trainer_state.json, the optimizer files of each phase in optim/ and the rng files of every rank of
+    the run that wrote it."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointReadError(f"{path} does not exist")
@@ -238,7 +240,11 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
             raise CheckpointReadError(f"{state_path} lacks the key {key!r}")
         if not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool)):
             raise CheckpointReadError(f"{state_path}: {key!r} is {state[key]!r}, not of the expected type")
-    for part, want, lack in (("model", expected, may_lack), ("ema", expected_ema, ema_may_lack)):
+    parts = [("model", expected, may_lack), ("ema", expected_ema, ema_may_lack)]
+    if expected_power_ema is not None:
+        power_lack = {k for k in expected_power_ema if k.split("/", 1)[1] in set(ema_may_lack)}
+        parts.append(("power_ema", expected_power_ema, power_lack))
+    for part, want, lack in parts:
         where = path / SHARDS if shards is not None else path / f"{part}.safetensors"
         found = ({k[len(part) + 1:]: v for k, v in shards.items() if k.startswith(f"{part}.")} if shards is not None
                  else safetensors_header(where))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
@@ -186,3 +187,28 @@ def test_a_nonfinite_step_on_one_rank_is_skipped_by_all_and_rolls_back(tmp_path)
     assert "step 3: non-finite loss or gradient, step skipped" in done.stderr
     assert "rolled back to step-000004" in done.stderr
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000006"
+
+
+def test_power_ema_snapshots_of_a_sharded_run_resume_exactly_and_synthesise(tmp_path):
+    """train.ema.kind=power under fsdp: every rank gathers each average for the snapshot the main process writes;
+    the sharded checkpoint holds the other average (power_ema.*); a stop at step 3 and a resume write the snapshots
+    of steps 2, 4, 6 bit for bit as a straight run (and one of step 3, the end of the first command); `genforge ema`
+    synthesises from them on one process."""
+    power = ["--set", "train.ema.kind=power", "--set", "train.ema.snapshot_every=2", "--set",
+             "train.checkpoint_every=3"]
+    _train(tmp_path / "straight", "dit-debug", "fsdp", 6, 2, *power)
+    _train(tmp_path / "split", "dit-debug", "fsdp", 3, 2, *power)
+    _train(tmp_path / "split", "dit-debug", "fsdp", 6, 2, *power)
+    names = sharded_tensors(tmp_path / "straight" / "checkpoints" / "step-000006" / "shards")
+    assert any(n.startswith("power_ema.1/blocks.") for n in names)
+    snapshots = {run: {p.name: load_file(str(p)) for p in (tmp_path / run / "ema_snapshots").glob("*.safetensors")}
+                 for run in ("straight", "split")}
+    assert sorted(snapshots["straight"]) == ["step-000002.safetensors", "step-000004.safetensors",
+                                             "step-000006.safetensors"]
+    assert sorted(snapshots["split"]) == sorted([*snapshots["straight"], "step-000003.safetensors"])
+    for name, tensors in snapshots["straight"].items():
+        assert all(torch.equal(t, snapshots["split"][name][k]) for k, t in tensors.items())
+    done = subprocess.run([sys.executable, "-m", "genforge", "ema", str(tmp_path / "split"), "--sigma-rel", "0.08"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "at step 6, from 4 snapshots" in done.stdout
