@@ -81,9 +81,10 @@ def test_train_sample_eval_end_to_end(tmp_path, monkeypatch):
     assert out.exit_code == 2 and "--label" in out.stderr
 
     from genforge.eval import judge as judge_module
+    from genforge.eval import metrics as metrics_module
 
     quick, _ = judge_module.train_judge(image_size=16, steps=5, batch_size=16)
-    monkeypatch.setattr(judge_module, "load_or_train_judge", lambda *a, **k: quick)
+    monkeypatch.setattr(metrics_module, "load_or_train_judge", lambda *a, **k: quick)  # the name metrics calls
     out = runner.invoke(app, ["eval", str(run), "--metrics", "judge", "--n", "8", "--steps", "2"])
     assert out.exit_code == 0, out.output
     result = json.loads((run / "eval" / "6.json").read_text())
@@ -91,7 +92,6 @@ def test_train_sample_eval_end_to_end(tmp_path, monkeypatch):
     assert result["sampler"]["steps"] == 2
 
     from eval.eval_standins import TinyFeatures
-    from genforge.eval import metrics as metrics_module
 
     monkeypatch.setattr(metrics_module, "feature_network", lambda device: TinyFeatures())
     monkeypatch.setenv("GENFORGE_CACHE", str(tmp_path / "cache"))  # other tests may have cached these statistics
