@@ -135,8 +135,27 @@ def _diffusion_backbone(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+# the keys of every stage in a dalle2_decoder run's resolved config.yaml written before `degradation`
+_DALLE2_RESOLVED_STAGE_KEYS = frozenset({"image_size", "unet", "diffusion", "conditioned", "blur_sigma", "blur_kernel",
+                                         "blur_prob", "lowres_noise_max", "lowres_noise_sample"})
+
+
+def _dalle2_upsampler_degradation(raw: dict[str, Any]) -> dict[str, Any]:
+    """7: a dalle2_decoder run written before `degradation` (a resolved config: every stage with each of its keys
+    then, none with degradation) blurred every upsampler's low-res input, the second and later ones included (today
+    BSR by default): its upsamplers keep `degradation: blur`. (Their U-Nets' attention is written out in full in
+    such a config, so the attention-free default of today's upsamplers does not reach them.)"""
+    model = _model(raw, "dalle2_decoder")
+    stages = model.get("stages") if model is not None else None
+    if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
+        return raw
+    if all(_DALLE2_RESOLVED_STAGE_KEYS <= s.keys() and "degradation" not in s for s in stages):
+        model["stages"] = [{**s, "degradation": "blur"} if i > 0 else s for i, s in enumerate(stages)]
+    return raw
+
+
 MIGRATIONS: tuple[Migration, ...] = (_former_family_names, _gan_penalty, _dvae_schedule, _dalle2_cascade,
-                                     _phenaki_frame_order_loss, _diffusion_backbone)
+                                     _phenaki_frame_order_loss, _diffusion_backbone, _dalle2_upsampler_degradation)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
