@@ -5,7 +5,9 @@ Conditioning (DALL·E 2 §2.1) of the conditioned stages (by default the first a
 training image, L2-normalised, replaced by a learned null embedding in `image_embed_dropout` of the rows, and
 optionally the caption's text encodings, dropped in `text_dropout` of the rows; upsamplers see the image at the
 previous stage's size, blurred in `blur_prob` of the rows (App. C; Cascaded Diffusion Models, Ho et al. 2022, §3.1)
-and noised at a random level they are told (§4.2).
+or BSR-degraded (`degradation: bsr`, App. C), and noised at a random level they are told (§4.2); with
+`crop_fraction` they train on a random crop of the image and the same region of that input (App. C) and sample at
+full size.
 """
 
 from __future__ import annotations
