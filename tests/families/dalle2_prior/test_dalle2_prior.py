@@ -397,7 +397,7 @@ def test_evaluation_reports_the_similarity_of_one_candidate_and_of_the_reranked_
     result = runner.invoke(app, ["eval", str(tmp_path / "prior"), "--metrics", "prior_similarity", "--n", "8",
                                  "--ddim-eta", "1", "--candidates", "3"])
     assert result.exit_code == 0, result.output
-    assert '"prior_text_similarity_single"' in result.output and '"prior_candidates": 3' in result.output
+    assert "prior_text_similarity_single:" in result.output and "prior_candidates: 3" in result.output
 
 
 def test_the_priors_steps_guidance_and_eta_reach_it_through_the_decoder(tmp_path, monkeypatch):
@@ -425,7 +425,8 @@ def test_the_priors_steps_guidance_and_eta_reach_it_through_the_decoder(tmp_path
                                  "--steps", "2"])
     assert result.exit_code == 0, result.output
     assert seen == [(3, 2.5, 1.0, 4 * 3)]
-    assert '"ddim_eta": 1.0' in result.output and '"candidates": 3' in result.output  # results["sampler"]["prior"]
+    recorded = json.loads((tmp_path / "dec" / "eval" / "2.json").read_text())["sampler"]["prior"]
+    assert recorded == {"sampler": "ddim", "steps": 3, "cfg_scale": 2.5, "ddim_eta": 1.0, "candidates": 3}
     seen.clear()
     runner.invoke(app, ["sample", str(tmp_path / "dec"), "--prior", str(tmp_path / "prior"), "--prompt", "a red "
                         "circle", "--n", "2", "--steps", "2", "--out", str(tmp_path / "defaults.png")])
