@@ -140,17 +140,25 @@ _DALLE2_RESOLVED_STAGE_KEYS = frozenset({"image_size", "unet", "diffusion", "con
                                          "blur_prob", "lowres_noise_max", "lowres_noise_sample"})
 
 
+# the U-Net's attention defaults before upsamplers had none by default
+_FORMER_UNET_ATTENTION = {"attention_levels": [1, 2], "mid_attention": True}
+
+
 def _dalle2_upsampler_degradation(raw: dict[str, Any]) -> dict[str, Any]:
     """7: a dalle2_decoder run written before `degradation` (a resolved config: every stage with each of its keys
     then, none with degradation) blurred every upsampler's low-res input, the second and later ones included (today
-    BSR by default): its upsamplers keep `degradation: blur`. (Their U-Nets' attention is written out in full in
-    such a config, so the attention-free default of today's upsamplers does not reach them.)"""
+    BSR by default): its upsamplers keep `degradation: blur`; and an upsampler's `unet` without attention_levels /
+    mid_attention (written before the key existed) keeps the U-Net's former default for it (levels 1, 2; middle
+    attention), not today's attention-free upsampler."""
     model = _model(raw, "dalle2_decoder")
     stages = model.get("stages") if model is not None else None
     if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
         return raw
     if all(_DALLE2_RESOLVED_STAGE_KEYS <= s.keys() and "degradation" not in s for s in stages):
-        model["stages"] = [{**s, "degradation": "blur"} if i > 0 else s for i, s in enumerate(stages)]
+        for stage in stages[1:]:
+            stage["degradation"] = "blur"
+            if isinstance(stage["unet"], dict):
+                stage["unet"] = {**_FORMER_UNET_ATTENTION, **stage["unet"]}
     return raw
 
 

@@ -139,18 +139,22 @@ def test_bsr_with_crops_cuts_the_degraded_low_res_image():
 
 
 def test_a_run_written_before_the_bsr_default_keeps_blurring_every_upsampler():
-    """A resolved config.yaml written before `degradation` (every stage's keys of then, none with degradation; its
-    U-Nets' attention written out in full) loads with blur on every upsampler and its attention as it was; a
-    hand-written config without those keys gets today's defaults."""
+    """A resolved config.yaml written before `degradation` (every stage's keys of then, none with degradation)
+    loads with blur on every upsampler and its attention as it was: as written, or (a `unet` written before
+    mid_attention existed) the U-Net's defaults of then; a hand-written config without those keys gets today's."""
     resolved = _three_stages().model_dump(mode="json")
     resolved.pop("schema_version", None)
     for stage in resolved["model"]["stages"]:
         stage.pop("degradation")
         stage.pop("crop_fraction")
     resolved["model"]["stages"][2]["unet"]["attention_levels"] = [1]
+    for key in ("attention_levels", "mid_attention"):  # written before mid_attention existed: the U-Net's then
+        resolved["model"]["stages"][1]["unet"].pop(key)
+    resolved["model"]["stages"][1]["unet"]["dim_mults"] = [1, 2, 2]
     old = config_from_dict(resolved, [])  # no schema_version: every migration step
     assert [s.degradation for s in old.model.stages] == [None, "blur", "blur"]
     assert old.model.stages[2].unet.attention_levels == (1,)
+    assert old.model.stages[1].unet.attention_levels == (1, 2) and old.model.stages[1].unet.mid_attention
     hand_written = migrate({"model": {"family": "dalle2_decoder", "stages": [{"image_size": 8}, {"image_size": 16},
                                                                              {"image_size": 32}]}})
     assert all("degradation" not in s for s in hand_written["model"]["stages"])
