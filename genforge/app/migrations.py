@@ -153,8 +153,36 @@ def _gan_adversarial_weight(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+# the keys of every stage in a dalle2_decoder run's resolved config.yaml written before `degradation`
+_DALLE2_RESOLVED_STAGE_KEYS = frozenset({"image_size", "unet", "diffusion", "conditioned", "blur_sigma", "blur_kernel",
+                                         "blur_prob", "lowres_noise_max", "lowres_noise_sample"})
+
+
+# the U-Net's attention defaults before upsamplers had none by default
+_FORMER_UNET_ATTENTION = {"attention_levels": [1, 2], "mid_attention": True}
+
+
+def _dalle2_upsampler_degradation(raw: dict[str, Any]) -> dict[str, Any]:
+    """8: a dalle2_decoder run written before `degradation` (a resolved config: every stage with each of its keys
+    then, none with degradation) blurred every upsampler's low-res input, the second and later ones included (today
+    BSR by default): its upsamplers keep `degradation: blur`; and an upsampler's `unet` without attention_levels /
+    mid_attention (written before the key existed) keeps the U-Net's former default for it (levels 1, 2; middle
+    attention), not today's attention-free upsampler."""
+    model = _model(raw, "dalle2_decoder")
+    stages = model.get("stages") if model is not None else None
+    if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
+        return raw
+    if all(_DALLE2_RESOLVED_STAGE_KEYS <= s.keys() and "degradation" not in s for s in stages):
+        for stage in stages[1:]:
+            stage["degradation"] = "blur"
+            if isinstance(stage["unet"], dict):
+                stage["unet"] = {**_FORMER_UNET_ATTENTION, **stage["unet"]}
+    return raw
+
+
 MIGRATIONS: tuple[Migration, ...] = (_former_family_names, _gan_penalty, _dvae_schedule, _dalle2_cascade,
-                                     _phenaki_frame_order_loss, _diffusion_backbone, _gan_adversarial_weight)
+                                     _phenaki_frame_order_loss, _diffusion_backbone, _gan_adversarial_weight,
+                                     _dalle2_upsampler_degradation)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -47,16 +47,27 @@ def unrelated_rows(captions: list[str]) -> Tensor:
     return index
 
 
-def prior_similarities(predicted: Tensor, caption_embeds: Tensor, captions: list[str],
+def prior_similarities(candidates: Tensor, caption_embeds: Tensor, captions: list[str],
                        image_embeds: Tensor | None = None) -> dict[str, float]:
-    """What DALLE2-pytorch's prior trainer reports, as mean cosine similarities over n captions: the predicted image
-    embedding [n, D] against its caption's text embedding [n, D] (`text`), against an unrelated caption's
-    (`unrelated_text`: the next row with another caption), and with the captions' true image embeddings [n, D]
-    against the prediction (`image`) and against the caption (`baseline`, what CLIP itself gives)."""
-    p, t = F.normalize(predicted.float(), dim=-1), F.normalize(caption_embeds.float(), dim=-1)
-    results = {"text": (p * t).sum(-1).mean().item(),
-               "unrelated_text": (p * t[unrelated_rows(captions)]).sum(-1).mean().item()}
-    if image_embeds is not None:
-        i = F.normalize(image_embeds.float(), dim=-1)
-        results.update(image=(p * i).sum(-1).mean().item(), baseline=(t * i).sum(-1).mean().item())
+    """What DALLE2-pytorch's prior trainer reports, as mean cosine similarities over n captions, from a prior's k
+    candidates per caption [n, k, D] in the order drawn ([n, D]: one each): the predicted image embedding against
+    its caption's text embedding [n, D] (`text_similarity`), against an unrelated caption's
+    (`unrelated_text_similarity`: the next row with another caption), and with the captions' true image embeddings
+    [n, D] against the prediction (`image_similarity`) and against the caption (`baseline_similarity`, what CLIP
+    itself gives). Each prediction's figure twice: `_single`, of the first candidate (one draw: unbiased), and
+    `_reranked`, of the candidate most similar to its caption (DALL·E 2 §2.2's reranking, what a decoder is given;
+    its text similarity is biased upward, being what it was chosen by). With k = 1 the two are equal."""
+    c = F.normalize(candidates.float(), dim=-1)
+    c = c[:, None] if c.dim() == 2 else c  # [n, k, D]
+    t = F.normalize(caption_embeds.float(), dim=-1)  # [n, D]
+    kept = c[torch.arange(len(c)), torch.einsum("nkd,nd->nk", c, t).argmax(dim=1)]  # [n, D]
+    i = F.normalize(image_embeds.float(), dim=-1) if image_embeds is not None else None
+    results = {}
+    for name, p in (("single", c[:, 0]), ("reranked", kept)):
+        results[f"text_similarity_{name}"] = (p * t).sum(-1).mean().item()
+        results[f"unrelated_text_similarity_{name}"] = (p * t[unrelated_rows(captions)]).sum(-1).mean().item()
+        if i is not None:
+            results[f"image_similarity_{name}"] = (p * i).sum(-1).mean().item()
+    if i is not None:
+        results["baseline_similarity"] = (t * i).sum(-1).mean().item()
     return results

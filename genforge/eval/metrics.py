@@ -175,6 +175,7 @@ class SampleMetric(Metric):
     needs = "a generator"
     extractor: FeatureExtractor
     min_samples = 1
+    sample_options: dict[str, Any] = {}  # sampling options its samples are drawn with (fields of the family's)
 
     def setup(self, ctx: EvalContext) -> None:
         """Before sampling, on every rank (collectives allowed): fail early, compute what all ranks share."""
@@ -522,7 +523,8 @@ class Variation(SampleMetric):
 
 # ----------------------------------------------------------------------------------------------- priors
 class PredictedEmbeddings(FeatureExtractor):
-    """A prior's samples are themselves the rows: predicted image embeddings [b, D]."""
+    """A prior's samples are themselves the rows: every candidate embedding it drew, [b, k, D] in the order drawn
+    (the metric samples with `keep_candidates`)."""
 
     def setup(self, ctx: EvalContext) -> None:
         if "caption_embed" not in ctx.cond:
@@ -533,23 +535,27 @@ class PredictedEmbeddings(FeatureExtractor):
         return images.float().cpu()
 
     def empty(self) -> Tensor:
-        return torch.zeros(0, 0)
+        return torch.zeros(0, 0, 0)
 
 
 class PriorSimilarity(SampleMetric):
     """A prior's predicted image embeddings for held-out captions, as cosine similarities (DALLE2-pytorch's
     train_diffusion_prior.py): with the caption's text embedding, with an unrelated caption's, with the caption's
-    true image embedding, and CLIP's own text-image similarity of the true pairs as the baseline."""
+    true image embedding, each of one candidate (`_single`, unbiased) and of the reranked best of the prior's
+    `candidates` (`_reranked`, what a decoder gets); CLIP's own text-image similarity of the true pairs as the
+    baseline."""
 
     name, extractor = "prior_similarity", PredictedEmbeddings()
-    results = ("prior_text_similarity", "prior_unrelated_text_similarity", "prior_image_similarity",
-               "prior_baseline_similarity")
+    sample_options = {"keep_candidates": True}
+    results = tuple(f"prior_{what}_similarity_{which}" for what in ("text", "unrelated_text", "image")
+                    for which in ("single", "reranked")) + ("prior_baseline_similarity", "prior_candidates")
+    lower_is_better = ("prior_unrelated_text_similarity_single", "prior_unrelated_text_similarity_reranked")
 
     def score(self, rows: Tensor, ctx: EvalContext) -> dict[str, Any]:
         cond = ctx.cond
         found = prior_similarities(rows, cond["caption_embed"].cpu(), list(cond["text"]),
                                    cond["image_embed"].cpu() if "image_embed" in cond else None)
-        return {f"prior_{k}_similarity": v for k, v in found.items()}
+        return {**{f"prior_{k}": v for k, v in found.items()}, "prior_candidates": rows.shape[1]}
 
 
 for _metric in (Judge(), Direction(), FID(), FVD(), KID(), InceptionScore(), PRDC(), PSNR(), SSIM(), Perceptual(),

@@ -100,6 +100,17 @@ def evaluate_task(task: Task, data: DataConfig, eval_cfg: EvalConfig, metrics: l
     return evaluate_generator(task, chosen, ctx, seed, precision, report, options)
 
 
+def with_metric_options(options: SampleOptions, metrics: list[SampleMetric]) -> SampleOptions:
+    """The resolved `options` with those the metrics draw their samples with (`SampleMetric.sample_options`, e.g. a
+    prior's every candidate for prior_similarity); ValueError when the family has no such option."""
+    wanted = {name: value for metric in metrics for name, value in metric.sample_options.items()}
+    for name in wanted:
+        if name not in type(options).model_fields:
+            metric = next(m.name for m in metrics if name in m.sample_options)
+            raise ValueError(f"metric {metric!r} samples with the option {name!r}, which this model does not take")
+    return options.model_copy(update=wanted) if wanted else options
+
+
 def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext, seed: int, precision: str = "no",
                        report: Report | None = None, options: SampleOptions | None = None) -> dict[str, Any]:
     """Sample metrics on `ctx.n` samples drawn with `options` (resolved here by the task), generated and featurised
@@ -108,7 +119,7 @@ def evaluate_generator(task: Task, metrics: list[SampleMetric], ctx: EvalContext
     short = [m for m in metrics if ctx.n < m.min_samples]
     if short:
         raise ValueError(f"metric {short[0].name!r} needs at least {short[0].min_samples} samples, got n={ctx.n}")
-    options = task.resolve(options)
+    options = with_metric_options(task.resolve(options), metrics)
     ctx.cond = task.sample_conditions(ctx.n, torch.Generator(device=ctx.device).manual_seed(seed), options)
     extractors = list({id(m.extractor): m.extractor for m in metrics}.values())
     for extractor in extractors:

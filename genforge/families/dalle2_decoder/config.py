@@ -4,7 +4,7 @@ conditioned on CLIP image embeddings."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 from torch import Tensor
@@ -20,9 +20,12 @@ from genforge.text.config import TextEncoderConfig
 class StageConfig(StrictModel):
     """One U-Net of the cascade: its output size, network and diffusion, whether it is conditioned on the image
     embedding (DALL·E 2 §2.1: the base model is, its upsamplers are unconditional ADMNets sampled without guidance),
-    and (upsamplers) how the low-resolution conditioning image is degraded in training: Gaussian blur in `blur_prob` of
-    the rows (DALL·E 2, App. C; Cascaded Diffusion Models, Ho et al. 2022, §3.1: half of them) and Gaussian noise
-    augmentation of a random level, which the U-Net is told (Ho et al. 2022, §4.2)."""
+    and (upsamplers) how they train (DALL·E 2, App. C): on random crops of the image (`crop_fraction`), with
+    attention only where `unet` asks for it (an upsampler's default: none, so the convolutional U-Net trained on
+    crops samples at full size), and with the low-resolution conditioning image degraded: Gaussian blur in
+    `blur_prob` of the rows (Cascaded Diffusion Models, Ho et al. 2022, §3.1: half of them) or BSR degradation
+    (`degradation: bsr`, DALL·E 2's second upsampler), then Gaussian noise augmentation of a random level, which the
+    U-Net is told (Ho et al. 2022, §4.2)."""
 
     image_size: int = Field(gt=0, description="side of this stage's output; the last stage's is data.image_size")
     unet: UNetConfig = UNetConfig()
@@ -46,6 +49,17 @@ class StageConfig(StrictModel):
     lowres_noise_sample: Annotated[float, OnResume.CHANGE] = Field(
         0.05, ge=0.0, le=1.0, description="upsamplers: the augmentation level used when sampling (DALLE2-pytorch: "
                                           "0.2 of training levels in [0, 1))")
+    crop_fraction: Annotated[float | None, OnResume.CHANGE] = Field(
+        None, gt=0.0, le=1.0, description="upsamplers: train on random square crops of side crop_fraction · "
+                                          "image_size, each with the same region of its low-resolution input "
+                                          "(side crop_fraction · the previous stage's image_size), drawn per row; "
+                                          "sampling runs at full size (DALL·E 2 App. C: 0.25, crops a quarter of "
+                                          "the target's side); None: whole images")
+    degradation: Literal["blur", "bsr"] | None = Field(
+        None, description="upsamplers: how the low-resolution training input is degraded: blur (the Gaussian blur "
+                          "of blur_prob, blur_sigma, blur_kernel) or bsr (BSRGAN's blur, resize, noise and JPEG, "
+                          "Zhang et al. 2021, as DALL·E 2's second upsampler, App. C); None: blur for the first "
+                          "upsampler, bsr for later ones (written resolved into config.yaml)")
 
     @model_validator(mode="after")
     def _blur(self) -> "StageConfig":
@@ -106,6 +120,24 @@ class Dalle2SampleOptions(SampleOptions):
                                                    "instead of making variations of held-out images: through "
                                                    "--prior, else CLIP's text embedding (the shortcut)",
                                 json_schema_extra={"eval": True})
+    # prior_X: the prior's own sampling option X (its --steps, --cfg-scale, --ddim-eta, --candidates) when --prior
+    # drives the decoder; unset: the prior run's config
+    prior_steps: int | None = Field(None, ge=1, description="with --prior: the prior's sampling steps",
+                                    json_schema_extra={"eval": True})
+    prior_cfg_scale: float | None = Field(None, ge=1.0, description="with --prior: the prior's guidance scale",
+                                          json_schema_extra={"eval": True})
+    prior_ddim_eta: float | None = Field(None, ge=0.0, le=1.0, description="with --prior: the prior's DDIM η (0: "
+                                                                            "deterministic given the noise, 1: "
+                                                                            "ancestral)",
+                                         json_schema_extra={"eval": True})
+    prior_candidates: int | None = Field(None, ge=1, le=64, description="with --prior: image embeddings the prior "
+                                                                        "draws per caption, the most similar to it "
+                                                                        "kept", json_schema_extra={"eval": True})
+
+    def prior_options(self) -> dict[str, Any]:
+        """The prior's sampling options given as --prior-X, by the prior's names X: {"steps": 32, ...}."""
+        return {name.removeprefix("prior_"): getattr(self, name) for name in type(self).model_fields
+                if name.startswith("prior_") and getattr(self, name) is not None}
 
 
 class Dalle2DecoderConfig(FamilyConfig):
@@ -129,6 +161,19 @@ class Dalle2DecoderConfig(FamilyConfig):
                                                                         "embedding, for guidance (DALL·E 2 §2.1)")
     text_dropout: float = Field(0.5, ge=0.0, lt=1.0, description="share of rows with the caption dropped (§2.1)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _attention_free_upsamplers(cls, raw: Any) -> Any:
+        """An upsampler's U-Net without attention_levels / mid_attention in its section has none (DALL·E 2 App. C:
+        convolutions only, so crops train it for the full size); written resolved into config.yaml."""
+        stages = raw.get("stages") if isinstance(raw, dict) else None
+        if isinstance(stages, list):
+            raw = {**raw, "stages": [
+                {**stage, "unet": {"attention_levels": [], "mid_attention": False, **stage.get("unet", {})}}
+                if i > 0 and isinstance(stage, dict) and isinstance(stage.get("unet", {}), dict) else stage
+                for i, stage in enumerate(stages)]}
+        return raw
+
     @model_validator(mode="after")
     def _cascade(self) -> "Dalle2DecoderConfig":
         sizes = [stage.image_size for stage in self.stages]
@@ -140,6 +185,12 @@ class Dalle2DecoderConfig(FamilyConfig):
         for i, stage in enumerate(self.stages):
             if stage.conditioned is None:  # resolved: the written config says what was built
                 stage.conditioned = i == 0
+            if i > 0:
+                self._resolve_upsampler(i, stage)
+            elif stage.crop_fraction is not None or stage.degradation is not None:
+                what = "crop_fraction" if stage.crop_fraction is not None else "degradation"
+                raise ValueError(f"model.stages[0].{what} applies to upsamplers (stages 1..): the base stage makes "
+                                 "the whole image from the embedding")
         if not 1 <= self.text_phase <= len(self.stages):
             raise ValueError(f"model.text_phase={self.text_phase} must name a stage among 1..{len(self.stages)}")
         if self.text is not None and not self.stages[self.text_phase - 1].conditioned:
@@ -156,6 +207,33 @@ class Dalle2DecoderConfig(FamilyConfig):
                 raise ValueError(f"model.train_unets={self.train_unets} must name distinct stages among "
                                  f"1..{len(self.stages)}")
         return self
+
+    def _resolve_upsampler(self, i: int, stage: StageConfig) -> None:
+        """An upsampler's degradation, resolved (the written config says what was built): blur for the first
+        upsampler, BSR for later ones; its crops checked."""
+        if stage.degradation is None:
+            stage.degradation = "blur" if i == 1 else "bsr"
+        if stage.crop_fraction is not None:
+            previous = self.stages[i - 1].image_size
+            sides = {"image_size": stage.image_size * stage.crop_fraction,
+                     f"previous image_size ({previous})": previous * stage.crop_fraction}
+            bad = [f"{name} · {stage.crop_fraction} = {side:g}" for name, side in sides.items()
+                   if side != int(side) or side < 1]
+            if stage.image_size % previous:
+                bad.append(f"image_size {stage.image_size} is not a whole multiple of the previous {previous}")
+            elif int(sides["image_size"]) % stage.unet.downsample:
+                bad.append(f"the crop side {int(sides['image_size'])} is not divisible by {stage.unet.downsample} "
+                           f"(its U-Net has {len(stage.unet.dim_mults)} levels)")
+            if bad:
+                raise ValueError(f"model.stages[{i}].crop_fraction={stage.crop_fraction}: {bad[0]}; crops need whole "
+                                 "sides at both sizes")
+
+    def crop_sides(self, i: int) -> tuple[int, int] | None:
+        """Stage i's training crop sides (low-resolution input, output), None when it trains on whole images."""
+        stage = self.stages[i]
+        if stage.crop_fraction is None:
+            return None
+        return round(self.stages[i - 1].image_size * stage.crop_fraction), round(stage.image_size * stage.crop_fraction)
 
     def takes_prompts(self) -> bool:
         """--prompt drives the decoder through a prior (--prior, a dalle2_prior run: DALL·E 2's text-to-image) or,

@@ -40,6 +40,15 @@ def gaussian_blur(images: Tensor, sigma: Tensor, kernel: int) -> Tensor:
     return x.view(b, c, h, w)
 
 
+def crop_rows(images: Tensor, top: Tensor, left: Tensor, side: int) -> Tensor:
+    """[B, C, H, W] -> [B, C, side, side]: row b's square at (top[b], left[b]) (long [B] each, in pixels)."""
+    span = torch.arange(side, device=images.device)
+    rows = (top.to(images.device)[:, None] + span)[:, :, None]  # [B, side, 1]
+    cols = (left.to(images.device)[:, None] + span)[:, None, :]  # [B, 1, side]
+    batch = torch.arange(len(images), device=images.device)[:, None, None]
+    return images.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # [B, side, side, C] -> [B, C, ...]
+
+
 class DecoderCascade(nn.Module):
     """The U-Nets of the cascade, base first. A conditioned U-Net takes the image embedding (added to its timestep
     embedding and as four context tokens, §2.1), optionally text encodings; an unconditioned one has no layers for

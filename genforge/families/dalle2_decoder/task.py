@@ -5,7 +5,9 @@ Conditioning (DALL·E 2 §2.1) of the conditioned stages (by default the first a
 training image, L2-normalised, replaced by a learned null embedding in `image_embed_dropout` of the rows, and
 optionally the caption's text encodings, dropped in `text_dropout` of the rows; upsamplers see the image at the
 previous stage's size, blurred in `blur_prob` of the rows (App. C; Cascaded Diffusion Models, Ho et al. 2022, §3.1)
-and noised at a random level they are told (§4.2).
+or BSR-degraded (`degradation: bsr`, App. C), and noised at a random level they are told (§4.2); with
+`crop_fraction` they train on a random crop of the image and the same region of that input (App. C) and sample at
+full size.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from genforge.diffusion import GaussianDiffusion
 from genforge.diffusion.build import build_diffusion, build_objective, sample_diffusion
 from genforge.diffusion.config import DiffusionConfig
 from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig, Dalle2SampleOptions
-from genforge.families.dalle2_decoder.model import DecoderCascade, gaussian_blur, resize
+from genforge.families.dalle2_decoder.degradation import BSRDraws, bsr_degrade, draw_bsr
+from genforge.families.dalle2_decoder.model import DecoderCascade, crop_rows, gaussian_blur, resize
 from genforge.nn.frozen import Frozen, held_on
 from genforge.text.clip_embedder import PretrainedClipEmbedder
 from genforge.text.encoders import attach_text_encoder, build_text_encoder
@@ -132,35 +135,58 @@ class Dalle2DecoderTask(Task):
             kwargs.update(text_embed=text_embed, text_mask=text_mask, text_keep=text_keep)
         return kwargs
 
-    def lowres_input(self, image: Tensor, stage: int, noise: Tensor, level: Tensor, sigma: Tensor | None,
-                     blur: Tensor | None = None) -> dict:
-        """The upsampler's low-resolution input: `image` at the previous stage's size, blurred by σ [B] (training
-        only) in the rows where `blur` (bool [B]; None: every row) holds, then noised to augmentation `level` [B]
-        (long, in 0..999) with `noise`."""
-        cfg = self.cfg.stages[stage]
-        low = resize(image, self.cfg.stages[stage - 1].image_size)  # [B, C, S_{i-1}, S_{i-1}]
+    def lowres_input(self, image: Tensor, stage: int, noise: Tensor, level: Tensor, sigma: Tensor | None = None,
+                     blur: Tensor | None = None, bsr: BSRDraws | None = None) -> dict:
+        """The upsampler's low-resolution input: `image` at the previous stage's size, degraded in training (blurred
+        by σ [B] in the rows where `blur` (bool [B]; None: every row) holds, or BSR-degraded from the stage's size by
+        `bsr`'s draws), then noised to augmentation `level` [B] (long, in 0..999) with `noise`."""
+        cfg, previous = self.cfg.stages[stage], self.cfg.stages[stage - 1].image_size
+        if bsr is not None:
+            low = bsr_degrade(resize(image, cfg.image_size), previous, bsr)  # [B, C, S_{i-1}, S_{i-1}]
+        else:
+            low = resize(image, previous)
         if sigma is not None and cfg.blur_kernel > 1:
             blurred = gaussian_blur(low, sigma, cfg.blur_kernel)
             low = blurred if blur is None else torch.where(blur[:, None, None, None], blurred, low)
         return {"lowres": self.augmentation.q_sample(low, level, noise.to(low.dtype)),
                 "lowres_noise_level": level.float()}
 
-    def draw_lowres(self, rng: BatchRandom, stage: int) -> dict[str, Tensor]:
-        """An upsampler's training degradation of the low-res image, from the batch's random stream: blur σ [B] in
-        blur_sigma, augmentation level [B] below lowres_noise_max, its noise, and which rows are blurred (bool [B],
-        with probability blur_prob; drawn last, so blur_prob = 1 leaves the other draws as they were before it)."""
+    def draw_lowres(self, rng: BatchRandom, stage: int) -> dict[str, Any]:
+        """An upsampler's training degradation of the low-res image, from the batch's random stream, as keywords of
+        `lowres_input`: augmentation level [B] below lowres_noise_max and its noise, and (degradation blur) blur σ
+        [B] in blur_sigma and which rows are blurred (bool [B], with probability blur_prob; drawn last, so blur_prob
+        = 1 leaves the other draws as they were before it) or (bsr) the BSR draws."""
         cfg, previous = self.cfg.stages[stage], self.cfg.stages[stage - 1].image_size
+        if cfg.degradation == "bsr":
+            level = (rng.rand() * cfg.lowres_noise_max * AUGMENTATION_STEPS).long()  # [B] in 0..999
+            noise = rng.randn(self.channels, previous, previous)
+            return {"level": level, "noise": noise,
+                    "bsr": draw_bsr(rng, self.channels, previous, cfg.image_size / previous)}
         lo, hi = cfg.blur_sigma
         sigma = lo + (hi - lo) * rng.rand()  # [B]
         level = (rng.rand() * cfg.lowres_noise_max * AUGMENTATION_STEPS).long()  # [B] in 0..999
         noise = rng.randn(self.channels, previous, previous)
         return {"sigma": sigma, "level": level, "noise": noise, "blur": rng.rand() < cfg.blur_prob}
 
+    def draw_crop(self, rng: BatchRandom, stage: int) -> Tensor | None:
+        """A training crop per row, in the previous stage's pixels: (top, left) long [B, 2], uniform over the
+        positions of a crop of the stage's low-resolution side (`Dalle2DecoderConfig.crop_sides`); None: whole
+        images."""
+        sides = self.cfg.crop_sides(stage)
+        if sides is None:
+            return None
+        return rng.randint(self.cfg.stages[stage - 1].image_size - sides[0] + 1, 2)
+
     # -------------------------------------------------------------------------------------------------- loss
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         i = self.stage_of[phase]
         stage, rng = self.cfg.stages[i], batch["rng"]
         x0 = resize(batch["image"], stage.image_size)  # [B, C, S_i, S_i]
+        corner = self.draw_crop(rng, i) if i > 0 else None  # [B, 2] in low-res pixels; None: the whole image
+        if corner is not None:  # App. C: a random crop, the U-Net convolutional; its low-res input cropped alike
+            low_side, side = self.cfg.crop_sides(i)
+            scale = side // low_side
+            x0 = crop_rows(x0, corner[:, 0] * scale, corner[:, 1] * scale, side)  # [B, C, side, side]
         time, noise = self.objectives[i].draw(rng, x0)
         kwargs: dict[str, Tensor] = {}
         if self.conditioned[i]:
@@ -169,8 +195,10 @@ class Dalle2DecoderTask(Task):
             kwargs = self.conditioning(batch, self.image_embeds(batch), image_keep, text_keep,
                                        train_text=phase == self.text_phase)
         if i > 0:
-            low = self.draw_lowres(rng, i)
-            kwargs.update(self.lowres_input(batch["image"], i, low["noise"], low["level"], low["sigma"], low["blur"]))
+            lowres = self.lowres_input(batch["image"], i, **self.draw_lowres(rng, i))
+            if corner is not None:
+                lowres["lowres"] = crop_rows(lowres["lowres"], corner[:, 0], corner[:, 1], low_side)
+            kwargs.update(lowres)
         terms = self.objectives[i].training_losses(self.cascade[i], x0, time, noise, model_kwargs=kwargs)
         logs = {k: terms[k].mean().detach() for k in ("mse", "vb") if k in terms}
         return terms["loss"].mean(), logs
@@ -188,10 +216,10 @@ class Dalle2DecoderTask(Task):
                              "image embedding)")
         texts = options.given_prompts(n)
         if texts:
-            return Batch(image_embed=self.text_image_embeds(texts, generator, options.prior), text=texts)
+            return Batch(image_embed=self.text_image_embeds(texts, generator, options), text=texts)
         if options.prior is not None or options.from_captions:  # held-out captions, text-to-image
             cond = heldout_captions(self.heldout, n, device)
-            cond["image_embed"] = self.text_image_embeds(cond["text"], generator, options.prior)
+            cond["image_embed"] = self.text_image_embeds(cond["text"], generator, options)
             return cond
         if options.image is not None:
             image = resize(options.image, self.cfg.stages[-1].image_size)
@@ -215,11 +243,12 @@ class Dalle2DecoderTask(Task):
             cond["image_embed"] = self.embed_images(cond["image"])
         return Batch(**cond)
 
-    def text_image_embeds(self, texts: list[str], generator: torch.Generator, prior: Any | None) -> Tensor:
-        """Image embeddings [n, D] for captions: drawn by `prior` (DALL·E 2 §2.2: a TextToImageEmbedding, e.g. a
-        dalle2_prior run's task, over the same CLIP), or without one the captions' CLIP text embeddings (the
-        shortcut: text embeddings lie outside the region of image embeddings the decoder was trained on)."""
-        device = generator.device
+    def text_image_embeds(self, texts: list[str], generator: torch.Generator, options: Dalle2SampleOptions) -> Tensor:
+        """Image embeddings [n, D] for captions: drawn by `options.prior` (DALL·E 2 §2.2: a TextToImageEmbedding,
+        e.g. a dalle2_prior run's task, over the same CLIP) with the --prior-* options, or without one the captions'
+        CLIP text embeddings (the shortcut: text embeddings lie outside the region of image embeddings the decoder
+        was trained on)."""
+        device, prior = generator.device, options.prior
         if prior is None:
             if self.embedder is None or not self.embedder.has_text:
                 raise ValueError("--prompt needs --prior (a dalle2_prior run) or an embedder with a text tower "
@@ -237,7 +266,7 @@ class Dalle2DecoderTask(Task):
             if not torch.allclose(F.normalize(ours, dim=-1), theirs, atol=1e-4):
                 raise ValueError("--prior: the prior was trained over another CLIP than this decoder's "
                                  f"(model.embedder.path={self.cfg.embedder.path}); they must share one")
-        return prior.image_embeds_for(list(texts), generator).float().to(device)
+        return prior.image_embeds_for(list(texts), generator, options.prior_options()).float().to(device)
 
     def conditioned_in(self, settings: dict[str, Any]) -> bool:
         """Whether a stage run by `settings` (start_stage..stop_stage) is conditioned on the image embedding."""
@@ -247,6 +276,9 @@ class Dalle2DecoderTask(Task):
         """Unset stages from the whole cascade (1 to the last), checked; sampler, steps and guidance scale stay unset
         when not given: each stage has its own defaults (`sampler_settings`)."""
         options = Dalle2SampleOptions.of(options).filled(start_stage=1, stop_stage=len(self.cfg.stages))
+        given = list(options.prior_options())
+        if given and options.prior is None:
+            raise ValueError(f"--prior-{given[0].replace('_', '-')} applies to the prior: give --prior PRIOR_RUN")
         start, stop = options.start_stage, options.stop_stage
         if not 1 <= start <= stop <= len(self.cfg.stages):
             raise ValueError(f"--start-stage {start} / --stop-stage {stop}: need 1 <= start <= stop <= "
@@ -262,7 +294,16 @@ class Dalle2DecoderTask(Task):
                 "steps": [options.steps or s.diffusion.sample_steps for s in stages],
                 "cfg_scale": [(options.cfg_scale or s.diffusion.cfg_scale) if s.conditioned else 1.0
                               for s in stages],
-                "start_stage": options.start_stage, "stop_stage": options.stop_stage}
+                "start_stage": options.start_stage, "stop_stage": options.stop_stage,
+                **self.prior_settings(options)}
+
+    def prior_settings(self, options: Dalle2SampleOptions) -> dict[str, Any]:
+        """{"prior": what the prior samples with (its steps, guidance, η, candidates)} when --prior drives the
+        decoder, for the record (`genforge eval`'s "sampler"); {} otherwise."""
+        prior = options.prior
+        if not isinstance(prior, TextToImageEmbedding):
+            return {}
+        return {"prior": prior.sampler_settings(prior.resolve(options.prior_options()))}
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, options: Dalle2SampleOptions,

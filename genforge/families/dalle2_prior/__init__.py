@@ -5,8 +5,9 @@ from pathlib import Path
 
 from genforge.core.family import register_family
 from genforge.core.task import FamilyTraits
-from genforge.families.dalle2_prior.config import Dalle2PriorConfig
+from genforge.families.dalle2_prior.config import Dalle2PriorConfig, Dalle2PriorSampleOptions
 
 register_family(Dalle2PriorConfig, "genforge.families.dalle2_prior.task:Dalle2PriorTask",
                 Path(__file__).parent / "presets",
-                traits=FamilyTraits(metrics=("prior_similarity",), block_types=("genforge.nn.attention:PreNormBlock",)))
+                traits=FamilyTraits(metrics=("prior_similarity",), sample_options=Dalle2PriorSampleOptions,
+                                    block_types=("genforge.nn.attention:PreNormBlock",)))

@@ -3,12 +3,12 @@ that maps a caption to a CLIP image embedding, trained beside the decoder (DALLE
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from genforge.core.codec import InputRun
-from genforge.core.config import DataConfig, FamilyConfig, StrictModel
+from genforge.core.config import DataConfig, FamilyConfig, OnResume, SampleOptions, StrictModel
 from genforge.diffusion.config import DiffusionConfig
 
 
@@ -20,6 +20,26 @@ class PriorEmbedderConfig(StrictModel):
     source: Literal["clip_run", "clip_pretrained"] = "clip_run"
     path: str = Field(description="clip_run: the run directory of a trained clip model; clip_pretrained: a local "
                                   "transformers CLIPModel checkpoint directory")
+
+
+class Dalle2PriorSampleOptions(SampleOptions):
+    """The prior's sampling options beside the common ones (steps, sampler, cfg_scale); unset: the run's config
+    (model.diffusion.ddim_eta, model.candidates). A decoder driven by the prior takes them as --prior-steps,
+    --prior-cfg-scale, --prior-ddim-eta and --prior-candidates (genforge.families.dalle2_decoder)."""
+
+    ddim_eta: float | None = Field(None, ge=0.0, le=1.0, description="DDIM's η (Song et al. 2021, eq. 16): 0 makes "
+                                                                      "each embedding a deterministic function of its "
+                                                                      "starting noise, 1 adds the DDPM posterior's "
+                                                                      "noise at every step (DALLE2-pytorch's prior: "
+                                                                      "1); sampler ddim only",
+                                   json_schema_extra={"eval": True})
+    candidates: int | None = Field(None, ge=1, le=64, description="image embeddings drawn per caption, the one most "
+                                                                  "similar to its text embedding kept (§2.2: 2)",
+                                   json_schema_extra={"eval": True})
+    keep_candidates: bool | None = Field(None, description="return every candidate, [n, candidates, D] in the "
+                                                            "order drawn, instead of the reranked [n, D] (the "
+                                                            "prior_similarity metric draws so, to report the "
+                                                            "similarity of one candidate and of the reranked one)")
 
 
 class Dalle2PriorConfig(FamilyConfig):
@@ -38,8 +58,9 @@ class Dalle2PriorConfig(FamilyConfig):
     cond_drop_prob: float = Field(0.1, ge=0.0, lt=1.0, description="share of training rows whose text conditions "
                                                                    "are replaced by learned null ones (§2.2: 10 %), "
                                                                    "for classifier-free guidance")
-    candidates: int = Field(2, ge=1, le=64, description="image embeddings drawn per caption; the one most similar "
-                                                        "to the caption's text embedding is kept (§2.2: 2)")
+    candidates: Annotated[int, OnResume.CHANGE] = Field(
+        2, ge=1, le=64, description="image embeddings drawn per caption; the one most similar to the caption's text "
+                                    "embedding is kept (§2.2: 2)")
     diffusion: DiffusionConfig = DiffusionConfig(noise_schedule="cosine", prediction="x0", learn_sigma=False,
                                                  sampler="ddim", sample_steps=64, cfg_scale=1.0)
 

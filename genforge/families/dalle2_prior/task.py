@@ -14,6 +14,7 @@ dot product with the caption's text embedding (§2.2).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from genforge.core.errors import ConfigError
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, heldout_captions, interleave_rows
 from genforge.diffusion.build import build_objective, sample_diffusion, with_diffusion_defaults
-from genforge.families.dalle2_prior.config import Dalle2PriorConfig
+from genforge.families.dalle2_prior.config import Dalle2PriorConfig, Dalle2PriorSampleOptions
 from genforge.families.dalle2_prior.model import PriorNetwork
 from genforge.nn.frozen import Frozen, held_on
 from genforge.text.clip_embedder import PretrainedClipEmbedder
@@ -149,32 +150,44 @@ class Dalle2PriorTask(Task):
         return terms["loss"].mean(), {k: terms[k].mean().detach() for k in ("mse",) if k in terms}
 
     # ---------------------------------------------------------------------------------------------- sampling
-    def resolve(self, options: SampleOptions | None = None) -> SampleOptions:
-        """Unset sampler, steps and guidance scale from model.diffusion."""
-        return with_diffusion_defaults(options, self.cfg.diffusion)
+    def resolve(self, options: SampleOptions | Mapping[str, Any] | None = None) -> Dalle2PriorSampleOptions:
+        """`options` (or a mapping of them by name, as a decoder hands its --prior-* options on; validated) with the
+        unset sampler, steps, guidance scale and DDIM η from model.diffusion and candidates from model.candidates."""
+        if isinstance(options, Mapping):
+            options = Dalle2PriorSampleOptions.model_validate(dict(options))
+        options = with_diffusion_defaults(Dalle2PriorSampleOptions.of(options), self.cfg.diffusion)
+        return options.filled(ddim_eta=self.cfg.diffusion.ddim_eta, candidates=self.cfg.candidates,
+                              keep_candidates=False)
 
-    def sampler_settings(self, options: SampleOptions) -> dict[str, Any]:
+    def sampler_settings(self, options: Dalle2PriorSampleOptions) -> dict[str, Any]:
         return {"sampler": options.sampler, "steps": options.steps, "cfg_scale": options.cfg_scale,
-                "candidates": self.cfg.candidates}
+                "ddim_eta": options.ddim_eta, "candidates": options.candidates}
 
     @torch.no_grad()
-    def image_embeds_for(self, texts: list[str], generator: torch.Generator, options: SampleOptions | None = None,
-                         progress: bool = False) -> Tensor:
-        """Unit-norm image embeddings [n, D] for n captions: `candidates` drawn per caption, the most similar to
-        its text embedding kept (`rerank`); guided against the null text conditions by cfg_scale. `options`: the
-        resolved ones (None: the config's, as a decoder driven by this prior uses it)."""
-        s = self.sampler_settings(options or self.resolve())
-        device, n, k = next(self.model.parameters()).device, len(texts), self.cfg.candidates
+    def image_embed_candidates(self, texts: list[str], generator: torch.Generator,
+                               options: Dalle2PriorSampleOptions, progress: bool = False) -> tuple[Tensor, Tensor]:
+        """`options.candidates` = k unit-norm image embeddings per caption, [n, k, D] in the order drawn (caption
+        i: rows i·k.. of the noise), guided against the null text conditions by cfg_scale, with DDIM's η =
+        ddim_eta; and the captions' unit-norm text embeddings [n, D] (what `rerank` compares them with)."""
+        device, n, k = next(self.model.parameters()).device, len(texts), options.candidates
         cond = self.text_conditions(texts, device)
         kwargs = {name: value.repeat_interleave(k, dim=0) for name, value in cond.items()}  # caption i: rows i·k..
         kwargs["keep"] = torch.ones(n * k, dtype=torch.bool, device=device)
         null = {"keep": torch.zeros(1, dtype=torch.bool, device=device)}
-        x0 = sample_diffusion(self.cfg.diffusion, model=self.model, shape=(n * k, self.embed_dim),
-                              model_kwargs=kwargs, null_kwargs=null, clip=False, sampler=s["sampler"],
-                              steps=s["steps"], cfg_scale=s["cfg_scale"], generator=generator, device=device,
-                              progress=progress)
-        candidates = F.normalize(x0.float(), dim=-1).view(n, k, self.embed_dim)  # x₀ / √D, renormalised
-        return rerank(candidates, cond["text_embed"])
+        x0 = sample_diffusion(self.cfg.diffusion.model_copy(update={"ddim_eta": options.ddim_eta}), model=self.model,
+                              shape=(n * k, self.embed_dim), model_kwargs=kwargs, null_kwargs=null, clip=False,
+                              sampler=options.sampler, steps=options.steps, cfg_scale=options.cfg_scale,
+                              generator=generator, device=device, progress=progress)
+        return F.normalize(x0.float(), dim=-1).view(n, k, self.embed_dim), cond["text_embed"]  # x₀ / √D, renormalised
+
+    @torch.no_grad()
+    def image_embeds_for(self, texts: list[str], generator: torch.Generator,
+                         options: SampleOptions | Mapping[str, Any] | None = None, progress: bool = False) -> Tensor:
+        """Unit-norm image embeddings [n, D] for n captions: `image_embed_candidates`, the most similar to each
+        caption's text embedding kept (`rerank`). `options`: this prior's sampling options, or a mapping of them
+        by name (validated, e.g. a decoder's --prior-steps as {"steps": ...}); unset ones from the config."""
+        candidates, text_embed = self.image_embed_candidates(texts, generator, self.resolve(options), progress)
+        return rerank(candidates, text_embed)
 
     def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
         """The captions of n samples: `prompts` / `prompt` (cycled), or n held-out captions spread over the held-out
@@ -191,10 +204,12 @@ class Dalle2PriorTask(Task):
         return Batch(**cond)
 
     @torch.no_grad()
-    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
+    def sample(self, cond: Batch, generator: torch.Generator, n: int, options: Dalle2PriorSampleOptions,
                progress: bool = False) -> Tensor:
-        """Image embeddings [n, D] (unit norm) for cond's captions."""
-        return self.image_embeds_for(list(cond["text"])[:n], generator, options, progress)
+        """Image embeddings [n, D] (unit norm) for cond's captions, reranked; with `keep_candidates` every candidate,
+        [n, k, D] in the order drawn."""
+        candidates, text_embed = self.image_embed_candidates(list(cond["text"])[:n], generator, options, progress)
+        return candidates if options.keep_candidates else rerank(candidates, text_embed)
 
     @torch.no_grad()
     def retrieval_bank(self, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -217,9 +232,11 @@ class Dalle2PriorTask(Task):
 
     def preview(self, cond: Batch, images: Tensor) -> tuple[Tensor, int | None]:
         """What a predicted embedding looks like without a decoder: the held-out image nearest to it in CLIP space
-        (cosine), each row of them below the row of the captions' true images when there are any."""
+        (cosine), each row of them below the row of the captions' true images when there are any; every candidate
+        ([n, k, D], keep_candidates) beside the others of its caption."""
         bank, embeds = self.retrieval_bank(images.device)
-        nearest = bank[(images.to(embeds) @ embeds.T).argmax(dim=1)]  # [n, C, S, S]
+        k = images.shape[1] if images.dim() == 3 else 1
+        nearest = bank[(images.reshape(-1, embeds.shape[1]).to(embeds) @ embeds.T).argmax(dim=1)]  # [n·k, C, S, S]
         if "image" not in cond:
             return nearest, None
-        return interleave_rows([cond["image"].to(nearest), nearest])
+        return interleave_rows([cond["image"].to(nearest).repeat_interleave(k, dim=0), nearest])

@@ -32,6 +32,7 @@ from genforge.data.base import collate
 from genforge.data.cache import MANIFEST, CacheDataset, read_manifest
 from genforge.data.text_embeds import TextEmbeds
 from genforge.eval.embedding_metrics import prior_similarities, unrelated_rows
+import genforge.families.dalle2_prior.task as prior_task
 from genforge.families.dalle2_prior.model import PriorNetwork
 from genforge.families.dalle2_prior.task import Dalle2PriorTask, rerank
 from genforge.text.tiny import TinyTextEncoder
@@ -146,8 +147,27 @@ def test_the_similarity_metric_on_known_embeddings():
     text = torch.eye(4)[[0, 0, 1, 2]]  # red, red, blue, green
     image = torch.eye(4)[[0, 3, 1, 2]]  # row 1's image is off its caption
     predicted = text.clone()
-    found = prior_similarities(predicted, text, captions, image)
-    assert found == pytest.approx({"text": 1.0, "unrelated_text": 0.0, "image": 0.75, "baseline": 0.75})
+    found = prior_similarities(predicted, text, captions, image)  # one candidate each: single = reranked
+    assert found == pytest.approx({"text_similarity_single": 1.0, "text_similarity_reranked": 1.0,
+                                   "unrelated_text_similarity_single": 0.0, "unrelated_text_similarity_reranked": 0.0,
+                                   "image_similarity_single": 0.75, "image_similarity_reranked": 0.75,
+                                   "baseline_similarity": 0.75})
+
+
+def test_the_similarity_of_one_candidate_and_of_the_reranked_one():
+    """From k candidates per caption in the order drawn: `_single` is the first one's (one draw, unbiased),
+    `_reranked` the one most similar to the caption's (what the decoder gets; chosen by it, so never lower)."""
+    captions = ["red", "blue"]
+    text = torch.eye(3)[[0, 1]]
+    first = F.normalize(torch.tensor([[0.6, 0.8, 0.0], [0.0, 0.6, 0.8]]), dim=-1)  # text similarity 0.6 each
+    second = F.normalize(torch.tensor([[0.8, 0.0, 0.6], [0.0, 0.0, 1.0]]), dim=-1)  # 0.8, then 0.0
+    image = torch.eye(3)[[2, 2]]
+    found = prior_similarities(torch.stack([first, second], dim=1), text, captions, image)
+    assert found["text_similarity_single"] == pytest.approx(0.6)
+    assert found["text_similarity_reranked"] == pytest.approx((0.8 + 0.6) / 2)  # row 0 keeps the second
+    assert found["image_similarity_single"] == pytest.approx((0.0 + 0.8) / 2)
+    assert found["image_similarity_reranked"] == pytest.approx((0.6 + 0.8) / 2)
+    assert found["unrelated_text_similarity_reranked"] == pytest.approx((0.0 + 0.0) / 2)  # row 0's against blue
 
 
 def test_a_trained_prior_opens_and_evaluates(tmp_path):
@@ -326,3 +346,93 @@ def test_a_pretrained_clip_folder_as_the_embedder(tmp_path):
     assert isinstance(task.embedder.module, TextEncodingEmbedder) and task.embed_dim == 24
     out = task.image_embeds_for(["a red circle", "a blue square"], torch.Generator().manual_seed(0))
     assert out.shape == (2, 24) and torch.allclose(out.norm(dim=-1), torch.ones(2), atol=1e-5)
+
+
+# ------------------------------------------------------------------- sampling options and the chain's flags
+QUICK = ["train.steps=2", "train.checkpoint_every=2", "train.sample_every=0", "eval.every=0"]
+
+
+def test_ddim_eta_zero_makes_each_candidate_a_function_of_its_noise_and_one_draws_more():
+    """DDIM's η (Song et al. 2021, eq. 16) from model.diffusion.ddim_eta or the `ddim_eta` option: at 0 the generator
+    is read once, for x_T (each candidate a function of its starting noise), at 1 every step but the last adds noise
+    from it, so the same x_T gives other candidates; each is reproducible from its seed."""
+    task = _prior(candidates=1).eval()
+    texts = ["a large red circle", "a large blue square"]
+    x_T_only = torch.Generator().manual_seed(0)
+    torch.randn((2, task.embed_dim), generator=x_T_only)
+    gen = torch.Generator().manual_seed(0)
+    eta0 = task.image_embeds_for(texts, gen, {"ddim_eta": 0.0})
+    assert torch.equal(gen.get_state(), x_T_only.get_state())
+    gen = torch.Generator().manual_seed(0)
+    eta1 = task.image_embeds_for(texts, gen, {"ddim_eta": 1.0})
+    assert not torch.equal(gen.get_state(), x_T_only.get_state())
+    assert not torch.allclose(eta0, eta1)
+    assert torch.equal(eta1, task.image_embeds_for(texts, torch.Generator().manual_seed(0), {"ddim_eta": 1.0}))
+    assert task.resolve().ddim_eta == task.cfg.diffusion.ddim_eta  # unset: the config's
+    with pytest.raises(ValueError, match="ddim_eta"):
+        task.resolve({"ddim_eta": 2.0})
+
+
+def test_sampling_keeps_every_candidate_when_asked():
+    task = _prior(candidates=3).eval()
+    options = task.resolve({"keep_candidates": True})
+    cond = task.sample_conditions(2, torch.Generator().manual_seed(0), options)
+    every = task.sample(cond, torch.Generator().manual_seed(0), 2, options)
+    kept = task.sample(cond, torch.Generator().manual_seed(0), 2, task.resolve())
+    assert every.shape == (2, 3, task.embed_dim)
+    assert torch.equal(kept, rerank(every, cond["caption_embed"]))
+
+
+def test_evaluation_reports_the_similarity_of_one_candidate_and_of_the_reranked_one(tmp_path):
+    """`genforge eval PRIOR --metrics prior_similarity` draws every candidate once and reports both figures; the
+    reranked text similarity is at least the single one's (chosen by it); with --candidates 1 they are equal."""
+    make_trainer(load_config("dalle2-prior-debug", [*ON_CLIP, *QUICK]), tmp_path / "prior").fit()
+    run = genforge.load_run(tmp_path / "prior", device="cpu")
+    two = run.evaluate("prior_similarity", n=16)
+    assert two["prior_candidates"] == 2 and two["sampler"]["candidates"] == 2
+    assert two["prior_text_similarity_reranked"] >= two["prior_text_similarity_single"]
+    one = run.evaluate("prior_similarity", n=16, candidates=1, ddim_eta=1.0)
+    assert one["prior_candidates"] == 1 and one["sampler"]["ddim_eta"] == 1.0
+    assert one["prior_text_similarity_single"] == one["prior_text_similarity_reranked"]
+    result = runner.invoke(app, ["eval", str(tmp_path / "prior"), "--metrics", "prior_similarity", "--n", "8",
+                                 "--ddim-eta", "1", "--candidates", "3"])
+    assert result.exit_code == 0, result.output
+    assert "prior_text_similarity_single:" in result.output and "prior_candidates: 3" in result.output
+
+
+def test_the_priors_steps_guidance_and_eta_reach_it_through_the_decoder(tmp_path, monkeypatch):
+    """`genforge sample|eval DECODER --prior PRIOR --prior-steps S --prior-cfg-scale G --prior-ddim-eta E
+    --prior-candidates K`: the prior samples with them (and eval records them); without --prior they exit 2."""
+    make_trainer(load_config("dalle2-prior-debug", [*ON_CLIP, *QUICK]), tmp_path / "prior").fit()
+    on_clip = ["model.embedder.source=clip_run", f"model.embedder.path={CLIP_RUN}"]
+    make_trainer(load_config("dalle2-decoder-debug", [*on_clip, *QUICK]), tmp_path / "dec").fit()
+    seen = []
+    original = prior_task.sample_diffusion
+
+    def spy(cfg, **kwargs):
+        seen.append((kwargs["steps"], kwargs["cfg_scale"], cfg.ddim_eta, kwargs["shape"][0]))
+        return original(cfg, **kwargs)
+
+    monkeypatch.setattr(prior_task, "sample_diffusion", spy)
+    flags = ["--prior", str(tmp_path / "prior"), "--prior-steps", "3", "--prior-cfg-scale", "2.5",
+             "--prior-ddim-eta", "1", "--prior-candidates", "3"]
+    result = runner.invoke(app, ["sample", str(tmp_path / "dec"), *flags, "--prompt", "a large red circle", "--n",
+                                 "2", "--steps", "2", "--out", str(tmp_path / "t2i.png")])
+    assert result.exit_code == 0, result.output
+    assert seen == [(3, 2.5, 1.0, 2 * 3)]  # 2 captions × 3 candidates
+    seen.clear()
+    result = runner.invoke(app, ["eval", str(tmp_path / "dec"), *flags, "--metrics", "judge", "--n", "4",
+                                 "--steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert seen == [(3, 2.5, 1.0, 4 * 3)]
+    recorded = json.loads((tmp_path / "dec" / "eval" / "2.json").read_text())["sampler"]["prior"]
+    assert recorded == {"sampler": "ddim", "steps": 3, "cfg_scale": 2.5, "ddim_eta": 1.0, "candidates": 3}
+    seen.clear()
+    runner.invoke(app, ["sample", str(tmp_path / "dec"), "--prior", str(tmp_path / "prior"), "--prompt", "a red "
+                        "circle", "--n", "2", "--steps", "2", "--out", str(tmp_path / "defaults.png")])
+    prior_cfg = load_config(str(tmp_path / "prior" / "config.yaml")).model
+    assert seen == [(prior_cfg.diffusion.sample_steps, prior_cfg.diffusion.cfg_scale, prior_cfg.diffusion.ddim_eta,
+                     2 * prior_cfg.candidates)]  # unset: the prior run's config
+    result = runner.invoke(app, ["sample", str(tmp_path / "dec"), "--prior-steps", "3", "--prompt", "a red circle",
+                                 "--n", "2", "--out", str(tmp_path / "x.png")])
+    assert result.exit_code == 2 and "--prior-steps" in result.output
