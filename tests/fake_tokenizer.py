@@ -51,10 +51,10 @@ def fake_tokenizer(monkeypatch):
     """`make_fake_tokenizer`, with `load_run` able to open what it makes."""
     real = runs.load_run
 
-    def load_run(run_dir, device="cpu", ema=True):
+    def load_run(run_dir, device="cpu", ema=True, synthesized=True):
         marker = Path(run_dir) / MARKER
         if not marker.is_file():
-            return real(run_dir, device, ema)
+            return real(run_dir, device, ema, synthesized)
         with torch.device(device):
             task = FakeTokenizer(**json.loads(marker.read_text()))
         ckpt = CheckpointDir(Path(run_dir) / "checkpoints").latest()
