@@ -286,6 +286,6 @@ def test_joint_images_config_checks_name_the_field():
     with pytest.raises(ValueError, match="data.images.source to give images"):
         DataConfig(source="moving_shapes", images={"source": "moving_shapes"})
     with pytest.raises(ValueError, match="ratio"):
-        DataConfig(source="moving_shapes", images={"source": "shapes", "ratio": 1.0})
+        DataConfig(source="moving_shapes", images={"source": "shapes", "ratio": 1.5})  # 1: images only
     with pytest.raises(ValueError, match="data.path"):
         DataConfig(source="moving_shapes", images={"source": "folder"})
