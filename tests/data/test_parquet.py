@@ -13,13 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
-from kill_harness import same_run
-from stream_batches import slot_keys, take as _take
+from stream_batches import resumes_bit_identically, slot_keys, take as _take
 from PIL import Image
 
-from genforge.app.config import load_config
 from genforge.app.encode import encode_dataset
-from genforge.app.runs import load_codec, make_trainer
+from genforge.app.runs import load_codec
 from genforge.core.config import DataConfig, TrainConfig
 from genforge.data.base import BadDataError
 from genforge.data.cache import CacheDataset
@@ -239,15 +237,7 @@ def test_training_on_parquet_resumes_bit_identically_and_reports_a_corrupt_row(t
     overrides = ["data.source=parquet", f"data.path={spec}", "data.label_column=label", "data.num_workers=2",
                  "data.shuffle_buffer=8", "model.num_classes=3", "train.log_every=1", "train.sample_every=0"]
 
-    def train(run_dir, stop_at=None):
-        trainer = make_trainer(load_config("dit-debug", overrides), run_dir)
-        trainer.fit(stop_at=stop_at)
-
-    train(tmp_path / "straight")
-    train(tmp_path / "resumed", stop_at=3)
-    train(tmp_path / "resumed")
-    assert same_run(tmp_path / "straight", tmp_path / "resumed")
-    state = json.loads((tmp_path / "straight" / "checkpoints" / "step-000006" / "trainer_state.json").read_text())
+    state = resumes_bit_identically(overrides, tmp_path)
     assert (state["num_samples"], state["data_slots"], state["data_position"]) == (None, 2, 6)
     skipped = [json.loads(line) for line in (tmp_path / "straight" / "skipped.jsonl").read_text().splitlines()]
     assert [s["key"] for s in skipped] == ["train-001.parquet@5"]  # row 17 of the set: row 5 of its second file

@@ -13,7 +13,6 @@ from fake_tokenizer import fake_tokenizer  # noqa: F401 (fixture)
 from PIL import Image
 from webdataset import TarWriter
 
-from genforge.app.config import load_config
 from genforge.core.config import DataConfig, TrainConfig
 from genforge.app.encode import encode_dataset
 from genforge.data.cache import CacheDataset
@@ -21,8 +20,7 @@ from genforge.data.loader import build_dataset, build_train_batches, dataset_siz
 from genforge.data.shapes import ShapesDataset, write_shapes_shards
 from genforge.data.shards import DataError, decode_record, split_shards
 from genforge.app.runs import load_codec
-from kill_harness import same_run
-from stream_batches import slot_keys, take as _take
+from stream_batches import resumes_bit_identically, slot_keys, take as _take
 
 
 def _png(value: int, fmt: str = "PNG", size=(10, 12)) -> bytes:
@@ -213,22 +211,11 @@ def test_shapes_shards_held_out_images_and_encode(tmp_path, fake_tokenizer):
 
 
 def test_training_on_shards_resumes_bit_identically(tmp_path):
-    from genforge.app.runs import make_trainer
-
     pattern, _ = write_shapes_shards(tmp_path / "shards", 48, 16, shard_size=12)
     overrides = ["data.source=shards", f"data.path={pattern}", "data.num_workers=2", "data.shuffle_buffer=8",
                  "model.num_classes=16", "train.log_every=1", "train.sample_every=0"]
 
-    def train(run_dir, stop_at=None):
-        trainer = make_trainer(load_config("dit-debug", overrides), run_dir)
-        trainer.fit(stop_at=stop_at)
-        return trainer
-
-    train(tmp_path / "straight")
-    train(tmp_path / "resumed", stop_at=3)
-    train(tmp_path / "resumed")
-    assert same_run(tmp_path / "straight", tmp_path / "resumed")
-    state = json.loads((tmp_path / "straight" / "checkpoints" / "step-000006" / "trainer_state.json").read_text())
+    state = resumes_bit_identically(overrides, tmp_path)
     assert (state["num_samples"], state["data_slots"], state["data_position"]) == (None, 2, 6)
     assert not (tmp_path / "straight" / "skipped.jsonl").exists()
 
