@@ -51,10 +51,10 @@ VARIANTS = {
 TINY_TOKENIZER = ["data.image_size=16", "model.dim=32", "model.num_heads=2", "model.spatial_depth=1",
                   "model.temporal_depth=1", "model.quantizer.codebook_size=64", "model.gan.channels=16",
                   "data.shapes.n=256", "data.num_workers=1", "train.batch_size=4", "train.warmup_steps=2",
-                  "eval.n=8"]
+                  "train.log_every=1", "eval.n=8"]
 TINY_GENERATOR = ["data.image_size=16", "model.depth=1", "model.width=32", "model.num_heads=2",
                   "model.sample_steps=2", "data.shapes.n=256", "data.num_workers=1", "train.batch_size=4",
-                  "train.warmup_steps=2", "train.num_samples=4"]
+                  "train.warmup_steps=2", "train.num_samples=4", "train.log_every=1"]
 CPU_SETTINGS = ["train.precision=no", "train.compile=false"]  # no GPU: fp32 eager (bf16 is emulated on CPUs)
 TOKENIZER_SHARE = 0.45  # the tokenizers' runs end by this share of the budget; Phenaki gets the rest
 GAN_START = 0.6  # the GAN starts at this share of the tokenizer's steps (cvivit-moving-shapes: 1200 of 2000)
@@ -63,6 +63,7 @@ GENERATOR_CURVE_N = 64  # clips of Phenaki's in-run evaluations (the final CLI e
 EVAL_N = 128
 MARGIN_S = 4.0  # kept free before each deadline
 CONTENTION = 0.85  # share of its time the tokenizer's plan counts on while Phenaki's probe runs beside it
+COMPILER_ERROR = re.compile(r"torch\._dynamo|torch\._inductor|triton|InductorError|BackendCompilerFailed", re.I)
 TABLE = ["run", "tokenizer ceiling (recon judge per frame)", "judge per frame", "kind", "colour", "direction right",
          "still", "steps x batch", "train minutes", "GPU"]
 CURVE_KEYS = {  # short column name -> eval key
@@ -128,16 +129,18 @@ class Pipeline:
         self.scores: dict | None = None
         self.tok_minutes = self.gen_minutes = 0.0
         self.lock = threading.Lock()
+        self.tokenizer_eager: list[str] = []  # ["train.compile=false"] once a compiled probe failed in the compiler
+        self.generator_eager: list[str] = []
 
     # ----------------------------------------------------------------------------------------- overrides
     def tokenizer_overrides(self) -> list[str]:
         return [*VARIANTS[self.variant], *(TINY_TOKENIZER if self.s.tiny else []),
-                *([] if self.s.gpu else CPU_SETTINGS), f"train.log_every={self.s.log_every}"]
+                *([] if self.s.gpu else CPU_SETTINGS), *self.tokenizer_eager]
 
     def generator_overrides(self, tokenizer: Path) -> list[str]:
         text = [f"model.text.path={self.s.minilm}"] if self.s.minilm else []
         return [f"model.tokens.tokenizer={tokenizer}", *text, *(TINY_GENERATOR if self.s.tiny else []),
-                *([] if self.s.gpu else CPU_SETTINGS), f"train.log_every={self.s.log_every}"]
+                *([] if self.s.gpu else CPU_SETTINGS), *self.generator_eager]
 
     # ----------------------------------------------------------------------------------------- running
     def run(self, name: str, args: list[str], limit_s: float) -> Stage:
@@ -164,9 +167,9 @@ class Pipeline:
                 end_group(proc)
         stage.seconds = time.monotonic() - start
         if stage.status != "ok":
-            tail = stage.log.read_text(errors="replace").splitlines()[-15:]
-            print(f"[{self.variant}] {name}: {stage.status}; the end of {stage.log}:\n  " + "\n  ".join(tail),
-                  flush=True)
+            tail = stage.log.read_text(errors="replace").splitlines()[-12:]
+            self.notes.append(f"{name}: {stage.status}; the end of {stage.log}:\n\n    " + "\n    ".join(tail) + "\n")
+            print(f"[{self.variant}] {self.notes[-1]}", flush=True)
         else:
             print(f"[{self.variant}] {name}: ok in {stage.seconds:.1f} s", flush=True)
         return stage
@@ -174,6 +177,21 @@ class Pipeline:
     def train(self, name: str, preset: str, run_dir: Path, overrides: list[str], limit_s: float) -> Stage:
         sets = [arg for item in overrides for arg in ("--set", item)]
         return self.run(name, ["train", preset, "--run-dir", str(run_dir), *sets], limit_s)
+
+    def train_probe(self, name: str, preset: str, run_dir: Path, overrides: list[str], limit_s: float,
+                    eager: list[str]) -> Stage:
+        """A probe run; when it fails in torch.compile (dynamo, inductor, Triton in its log), once more eager, and
+        `eager` takes train.compile=false for the variant's run of that model."""
+        start = time.monotonic()
+        stage = self.train(name, preset, run_dir, overrides, limit_s)
+        failed_compiling = stage.log.exists() and COMPILER_ERROR.search(stage.log.read_text(errors="replace"))
+        if stage.status == "ok" or not failed_compiling:
+            return stage
+        eager.append("train.compile=false")
+        self.notes.append(f"{name}: failed in torch.compile; once more with train.compile=false")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return self.train(f"{name}-eager", preset, run_dir, [*overrides, *eager],
+                          limit_s - (time.monotonic() - start))
 
     def evaluate(self, name: str, run_dir: Path, metrics: str) -> tuple[Stage, dict | None]:
         """`genforge eval RUN --metrics M --n EVAL_N`: the scores it wrote (RUN/eval/<step>.json, named in its
@@ -192,7 +210,7 @@ class Pipeline:
         if stage.status != "ok":
             return None
         try:
-            measured = read_probe(run_dir / "metrics.jsonl", stage, self.s.probe_steps, self.s.log_every)
+            measured = read_probe(run_dir / "metrics.jsonl", stage)
         except ValueError as err:
             self.notes.append(f"{stage.name}: {err}")
             return None
@@ -213,6 +231,11 @@ class Pipeline:
         self.notes.append(f"{what}: {seconds:.0f} s fit {steps} steps by the probe; trains {planned}")
         return planned
 
+    def probe_cadence(self) -> list[str]:
+        p = self.s.probe_steps
+        return [f"train.steps={p}", f"train.log_every={self.s.log_every}", f"eval.every={p}",
+                f"train.checkpoint_every={p}"]
+
     def cadence(self, steps: int) -> list[str]:
         every = max(1, -(-steps // CURVE_POINTS))
         return [f"train.steps={steps}", f"eval.every={every}", f"train.checkpoint_every={every}"]
@@ -226,21 +249,21 @@ class Pipeline:
             print(f"[{self.variant}] pipeline stopped: {type(err).__name__}: {err}", flush=True)
 
     def pipeline(self) -> None:
-        s, p = self.s, self.s.probe_steps
+        s = self.s
         tok_deadline = lambda: s.at(TOKENIZER_SHARE)  # noqa: E731
-        stage = self.train("tokenizer-probe", TOKENIZER_PRESET, self.tok_probe,
-                           [*self.tokenizer_overrides(), f"train.steps={p}", "model.gan.start_step=0",
-                            f"eval.every={p}", f"train.checkpoint_every={p}"], tok_deadline())
+        stage = self.train_probe("tokenizer-probe", TOKENIZER_PRESET, self.tok_probe,
+                                 [*self.tokenizer_overrides(), *self.probe_cadence(), "model.gan.start_step=0"],
+                                 tok_deadline(), self.tokenizer_eager)
         tok_probe = self.probe(stage, self.tok_probe)
         gen_probe_result: list[Probe | None] = [None]
 
         def probe_generator() -> None:  # Phenaki's step over the probe's tokenizer (same layout), meanwhile
             if stage.status != "ok":
                 return
-            probed = self.train("phenaki-probe", GENERATOR_PRESET, self.gen_probe,
-                                [*self.generator_overrides(self.tok_probe), f"train.steps={p}", f"eval.every={p}",
-                                 f"eval.n={8 if s.tiny else GENERATOR_CURVE_N}",
-                                 f"train.checkpoint_every={p}"], s.at(1.0))
+            probed = self.train_probe("phenaki-probe", GENERATOR_PRESET, self.gen_probe,
+                                      [*self.generator_overrides(self.tok_probe), *self.probe_cadence(),
+                                       f"eval.n={8 if s.tiny else GENERATOR_CURVE_N}"], s.at(1.0),
+                                      self.generator_eager)
             gen_probe_result[0] = self.probe(probed, self.gen_probe)
 
         gen_prober = threading.Thread(target=probe_generator)
@@ -259,12 +282,13 @@ class Pipeline:
         ceiling_thread = threading.Thread(target=self.ceiling_eval)
         ceiling_thread.start()
         gen_probe = gen_probe_result[0]
-        # Phenaki's evaluation at the end: a start-up and EVAL_N clips (the probe evaluated GENERATOR_CURVE_N)
+        # Phenaki's evaluation at the end: a start-up and EVAL_N clips (the probe evaluated GENERATOR_CURVE_N); a
+        # run past its plan is stopped in time for it
         final_eval_s = (gen_probe.startup_s + gen_probe.eval_s * EVAL_N / GENERATOR_CURVE_N) if gen_probe else 0.0
         gen_steps = self.planned_steps("phenaki", gen_probe, s.left() - final_eval_s - 2 * MARGIN_S)
         generated = self.train("phenaki", GENERATOR_PRESET, self.gen,
                                [*self.generator_overrides(self.tok), *self.cadence(gen_steps),
-                                f"eval.n={8 if s.tiny else GENERATOR_CURVE_N}"], s.left() - MARGIN_S)
+                                f"eval.n={8 if s.tiny else GENERATOR_CURVE_N}"], s.left() - final_eval_s - MARGIN_S)
         self.gen_minutes = generated.seconds / 60
         if (self.gen / "checkpoints" / "latest").exists():
             self.scores = self.evaluate("phenaki-eval", self.gen, "judge,direction")[1]
@@ -310,7 +334,7 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def read_probe(path: Path, stage: Stage, steps: int, log_every: int) -> Probe:
+def read_probe(path: Path, stage: Stage) -> Probe:
     """Step time between the second logged step and the last (the first steps compile), start-up as the wall time
     to the first logged step less its steps, evaluation as the time from the last step's log to its eval entry."""
     rows = read_metrics(path)

@@ -1,6 +1,7 @@
 """benchmarks/gpu.py's code path on the CPU, so that a session with a GPU only has to run it: `--tiny` prints every
 row of the table (the real Trainer step of both DiTs, the reference's rows, MaskGIT sampling at batch 1 and 32); and
-benchmarks/prior_text_cache.py on the debug presets. The figures are printed, never judged."""
+benchmarks/prior_text_cache.py on the debug presets; benchmarks/gpu_video.py --tiny (probes, runs, CLI evaluations,
+table) and its probe arithmetic. The figures are printed, never judged."""
 
 import importlib.util
 import json
@@ -68,13 +69,13 @@ def test_gpu_video_probe_reads_step_startup_and_evaluation_times(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     stage = gpu_video.Stage("probe", seconds=30.0)
-    probe = gpu_video.read_probe(path, stage, 60, 5)
+    probe = gpu_video.read_probe(path, stage)
     assert probe.step_s == pytest.approx(0.02) and probe.eval_s == pytest.approx(3.0)
     assert probe.startup_s == pytest.approx(30.0 - 55 * 0.02 - 3.0)  # wall less the logged steps and the evaluation
     # 100 s hold 4 evaluations and (100 - 25.9 - 12) / 0.02 steps
     assert probe.steps_for(100.0, 4) == int((100.0 - probe.startup_s - 4 * 3.0) / 0.02)
     with pytest.raises(ValueError, match="too few to time"):
-        gpu_video.read_probe(tmp_path / "none.jsonl", stage, 60, 5)
+        gpu_video.read_probe(tmp_path / "none.jsonl", stage)
 
 
 @pytest.mark.slow  # one variant's pipeline of genforge subprocesses end to end, ~45 s (both: ~100 s on 2 cores)
@@ -107,3 +108,28 @@ def test_gpu_video_tiny_trains_evaluates_and_reports(tmp_path):
     first = lines.index("| variant | stage | status | seconds |") + 2
     stages = [cells(line) for line in lines[first:] if line.startswith("| ")]
     assert len(stages) == 6 and all(s[2] == "ok" for s in stages), stages
+
+
+def test_gpu_video_probe_failing_in_the_compiler_is_rerun_eager(tmp_path):
+    gpu_video = load_gpu_video()
+    settings = gpu_video.Settings(60.0, tmp_path, tiny=False, gpu=True, minilm=None, probe_steps=60, log_every=5,
+                                  max_steps=None)
+    pipeline = gpu_video.Pipeline("p2", settings)
+    calls = []
+
+    def fake_train(name, preset, run_dir, overrides, limit_s):
+        calls.append((name, overrides))
+        log = tmp_path / f"{name}.log"
+        log.write_text("torch._inductor.exc.InductorError: ...\n" if len(calls) == 1 else "ok\n")
+        return gpu_video.Stage(name, status="exit 1" if len(calls) == 1 else "ok", log=log)
+
+    pipeline.train = fake_train
+    stage = pipeline.train_probe("phenaki-probe", "p", tmp_path / "run", ["a=1"], 30.0, pipeline.generator_eager)
+    assert stage.status == "ok" and [c[0] for c in calls] == ["phenaki-probe", "phenaki-probe-eager"]
+    assert calls[1][1] == ["a=1", "train.compile=false"]
+    assert pipeline.generator_overrides(tmp_path)[-1] == "train.compile=false" and pipeline.tokenizer_eager == []
+    calls.clear()  # a failure elsewhere (no compiler in its log) is not rerun
+    (tmp_path / "ok.log").write_text("ValueError: model.text.path ...\n")
+    pipeline.train = lambda *a: (calls.append(a), gpu_video.Stage("x", status="exit 2", log=tmp_path / "ok.log"))[1]
+    assert pipeline.train_probe("tokenizer-probe", "p", tmp_path / "r", [], 30.0, pipeline.tokenizer_eager).status \
+        == "exit 2" and len(calls) == 1
