@@ -1,13 +1,18 @@
 """benchmarks/gpu.py's code path on the CPU, so that a session with a GPU only has to run it: `--tiny` prints every
 row of the table (the real Trainer step of both DiTs, the reference's rows, MaskGIT sampling at batch 1 and 32); and
-benchmarks/prior_text_cache.py on the debug presets. The figures are printed, never judged."""
+benchmarks/prior_text_cache.py on the debug presets; benchmarks/gpu_video.py --tiny (probes, runs, CLI evaluations,
+table) and its probe arithmetic. The figures are printed, never judged."""
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from genforge.eval.judge import judge_cache_path, save_judge, train_judge
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,3 +91,83 @@ def test_gpu_sampling_tiny_times_genforge_and_the_reference_loop():
     assert len(genforge) == 1 and genforge[0][2:6] == ["2", "6", "1.5", "bf16"], rows
     assert float(genforge[0][7]) > 0 and float(genforge[0][8]) > 0
     assert ["DiT-XL/2", "facebookresearch/DiT", "2", "not run: no --reference DIR"] in [r[:4] for r in rows]
+def load_gpu_video():
+    spec = importlib.util.spec_from_file_location("gpu_video", ROOT / "benchmarks" / "gpu_video.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("gpu_video", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_video_probe_reads_step_startup_and_evaluation_times(tmp_path):
+    gpu_video = load_gpu_video()
+    # steps logged every 5 at 0.02 s a step from t=100 (the first 5 steps compiled), the evaluation 3 s after step 60
+    rows = [{"step": s, "time": 100.0 + (s - 5) * 0.02, "lr": 1e-4, "loss": 1.0} for s in range(5, 61, 5)]
+    rows.append({"step": 60, "time": rows[-1]["time"] + 3.0, "eval/judge_accuracy": 0.5})
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    stage = gpu_video.Stage("probe", seconds=30.0)
+    probe = gpu_video.read_probe(path, stage)
+    assert probe.step_s == pytest.approx(0.02) and probe.eval_s == pytest.approx(3.0)
+    assert probe.startup_s == pytest.approx(30.0 - 55 * 0.02 - 3.0)  # wall less the logged steps and the evaluation
+    # 100 s hold 4 evaluations and (100 - 25.9 - 12) / 0.02 steps
+    assert probe.steps_for(100.0, 4) == int((100.0 - probe.startup_s - 4 * 3.0) / 0.02)
+    with pytest.raises(ValueError, match="too few to time"):
+        gpu_video.read_probe(tmp_path / "none.jsonl", stage)
+
+
+@pytest.mark.slow  # one variant's pipeline of genforge subprocesses end to end, ~45 s (both: ~100 s on 2 cores)
+def test_gpu_video_tiny_trains_evaluates_and_reports(tmp_path):
+    gpu_video = load_gpu_video()
+    if not judge_cache_path().is_file():  # a quick judge in this session's cache: the figures are not judged here
+        save_judge(train_judge(steps=20, batch_size=32, train_images=300, heldout_images=50)[0], judge_cache_path())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_video.py"), "--tiny", "--budget-s", "240",
+                           "--out", str(out), "--work", str(tmp_path / "work"), "--variants", "p4-w256"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = (out / "video.md").read_text()
+    assert sorted(p.name for p in out.iterdir()) == sorted(["video.md", next(out.glob("phenaki-*.gif")).name])
+    lines = report.splitlines()
+    header = lines.index("| " + " | ".join(gpu_video.TABLE) + " |")
+    rows = [cells(line) for line in lines[header + 2:header + 3]]
+    for variant, row in zip(["p4-w256"], rows):
+        assert row[0].startswith(f"{variant}: ") and row[-1] == "CPU"
+        assert all(0.0 <= float(c) <= 1.0 for c in row[1:7]), row  # ceiling, judge, kind, colour, direction, still
+        assert row[7] == "tokenizer 8 x 4, phenaki 8 x 4"  # --tiny's steps (the probe's plan, capped) x batch
+        # the probes were read and planned the runs
+        assert f"- {variant}: tokenizer-probe: " in report and f"- {variant}: phenaki: " in report
+    # a curve of CURVE_POINTS evaluations per run (eval.every = steps / CURVE_POINTS); every stage ok
+    curves = [i for i, line in enumerate(lines) if line.startswith("Curve of ")]
+    assert len(curves) == 2
+    for i in curves:
+        assert [cells(line)[0] for line in lines[i + 4:i + 8]] == ["2", "4", "6", "8"], lines[i:i + 9]
+    first = lines.index("| variant | stage | status | seconds |") + 2
+    stages = [cells(line) for line in lines[first:] if line.startswith("| ")]
+    assert len(stages) == 6 and all(s[2] == "ok" for s in stages), stages
+
+
+def test_gpu_video_probe_failing_in_the_compiler_is_rerun_eager(tmp_path):
+    gpu_video = load_gpu_video()
+    settings = gpu_video.Settings(60.0, tmp_path, tiny=False, gpu=True, minilm=None, probe_steps=60, log_every=5,
+                                  max_steps=None)
+    pipeline = gpu_video.Pipeline("p2", settings)
+    calls = []
+
+    def fake_train(name, preset, run_dir, overrides, limit_s):
+        calls.append((name, overrides))
+        log = tmp_path / f"{name}.log"
+        log.write_text("torch._inductor.exc.InductorError: ...\n" if len(calls) == 1 else "ok\n")
+        return gpu_video.Stage(name, status="exit 1" if len(calls) == 1 else "ok", log=log)
+
+    pipeline.train = fake_train
+    stage = pipeline.train_probe("phenaki-probe", "p", tmp_path / "run", ["a=1"], 30.0, pipeline.generator_eager)
+    assert stage.status == "ok" and [c[0] for c in calls] == ["phenaki-probe", "phenaki-probe-eager"]
+    assert calls[1][1] == ["a=1", "train.compile=false"]
+    assert pipeline.generator_overrides(tmp_path)[-1] == "train.compile=false" and pipeline.tokenizer_eager == []
+    calls.clear()  # a failure elsewhere (no compiler in its log) is not rerun
+    (tmp_path / "ok.log").write_text("ValueError: model.text.path ...\n")
+    pipeline.train = lambda *a: (calls.append(a), gpu_video.Stage("x", status="exit 2", log=tmp_path / "ok.log"))[1]
+    assert pipeline.train_probe("tokenizer-probe", "p", tmp_path / "r", [], 30.0, pipeline.tokenizer_eager).status \
+        == "exit 2" and len(calls) == 1
