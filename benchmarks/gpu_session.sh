@@ -51,22 +51,22 @@ python3 -c "import torch, platform; print('torch', torch.__version__, 'python', 
 PARTS=${PARTS:-check ablation sampling video}
 say() { echo "== $1 done at $((SECONDS - START)) s (exit $2)" | tee -a "$OUT/gpu-info.txt"; }
 if [[ $PARTS == *check* ]]; then
-  timeout "${CHECK_S:-45}" python3 benchmarks/gpu_sampling.py --tiny 2>&1 | tee "$OUT/check.txt"
+  timeout "${CHECK_S:-30}" python3 benchmarks/gpu_sampling.py --tiny 2>&1 | tee "$OUT/check.txt"
   rc=$?; say check $rc; [[ $rc == 0 ]] || exit 1
 fi
 if [[ $PARTS == *ablation* ]]; then
-  timeout "${ABLATION_S:-240}" python3 benchmarks/gpu_ablation.py --reference "$REF" --budget-s $((${ABLATION_S:-240} - 15)) \
+  timeout "${ABLATION_S:-300}" python3 benchmarks/gpu_ablation.py --reference "$REF" --budget-s $((${ABLATION_S:-300} - 15)) \
     $TINY ${ABLATION_ARGS:-} 2>&1 | tee "$OUT/ablation.md"
   say ablation $?
 fi
 if [[ $PARTS == *sampling* ]]; then
-  timeout "${SAMPLING_S:-75}" python3 benchmarks/gpu_sampling.py --reference "$REF" $TINY ${SAMPLING_ARGS:-} 2>&1 \
+  timeout "${SAMPLING_S:-65}" python3 benchmarks/gpu_sampling.py --reference "$REF" $TINY ${SAMPLING_ARGS:-} 2>&1 \
     | tee "$OUT/sampling.md"
   say sampling $?
 fi
 if [[ $PARTS == *video* ]]; then
   # writes $OUT/video.md and one GIF itself (its output is video.md's text: logged outside $OUT)
-  timeout "${VIDEO_S:-235}" python3 benchmarks/gpu_video.py --budget-s $((${VIDEO_S:-235} - 30)) --out "$OUT" \
+  timeout "${VIDEO_S:-180}" python3 benchmarks/gpu_video.py --budget-s $((${VIDEO_S:-180} - 25)) --out "$OUT" \
     "${MINILM[@]}" $TINY ${VIDEO_ARGS:-} 2>&1 | tee /tmp/gpu-video.log
   say video $?
 fi
