@@ -51,7 +51,7 @@ python3 -c "import torch, platform; print('torch', torch.__version__, 'python', 
 PARTS=${PARTS:-check ablation sampling video}
 say() { echo "== $1 done at $((SECONDS - START)) s (exit $2)" | tee -a "$OUT/gpu-info.txt"; }
 if [[ $PARTS == *check* ]]; then
-  timeout "${CHECK_S:-30}" python3 benchmarks/gpu_sampling.py --tiny 2>&1 | tee "$OUT/check.txt"
+  timeout "${CHECK_S:-30}" python3 benchmarks/gpu_sampling.py --tiny --no-compile 2>&1 | tee "$OUT/check.txt"
   rc=$?; say check $rc; [[ $rc == 0 ]] || exit 1
 fi
 if [[ $PARTS == *ablation* ]]; then
