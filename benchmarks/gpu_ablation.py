@@ -16,7 +16,9 @@ bf16 peak of the GPU). The rows:
     compiled at B, + host sync per phase    one more device-to-host read per step (what the step saved by keeping
                                             its finite flags on the device)
     compiled at B, max-autotune             inductor's Triton matmul templates, autotuned (no CUDA graphs)
-    compiled at B, CUDA graphs              inductor's cudagraph trees (mode reduce-overhead) around each block
+    compiled at B, cuda-graphs              inductor's cudagraph trees (mode reduce-overhead) around each block
+    compiled at B, coordinate-descent       inductor's coordinate-descent tuning of its generated kernels
+                                            (`--inductor` picks these three; the first two by default)
     combined                                B with each lever that paid over the compiled-at-B row
     facebookresearch/DiT at 64 and B        its step (`--reference DIR`), same call
     DiT-B/2, compiled and the reference at B
@@ -50,7 +52,9 @@ from gpu import COLUMNS, DITS, TINY_DITS, peak_tflops, row, train_row
 
 ATTENTION = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
              "efficient": SDPBackend.EFFICIENT_ATTENTION}
-INDUCTOR = {"max-autotune": {"max_autotune": True}, "CUDA graphs": {"triton.cudagraphs": True}}
+INDUCTOR = {"max-autotune": {"max_autotune": True}, "cuda-graphs": {"triton.cudagraphs": True},
+            "coordinate-descent": {"coordinate_descent_tuning": True}}
+ROWS = ["eager", "reference", "models", "loss", "attention", "optimizer", "sync", "combined"]
 
 
 @dataclass
@@ -213,23 +217,24 @@ class Table:
 
 
 def run_ablation(table: Table, args: argparse.Namespace) -> Lever:
-    """The rows of the module docstring, the ones the issue must show first (the batches, the reference, DiT-B/2,
-    the loss curve), then the levers at the best batch and the combined rows; returns the fastest step's lever."""
-    xl, others, compiled = table.model_names[0], table.model_names[1:], not args.no_compile
+    """The rows of the module docstring that `--rows` names, the ones the issue must show first (the batches, the
+    reference, DiT-B/2, the loss curve), then the levers at the best batch and the combined rows; returns the
+    fastest step's lever."""
+    xl, others, compiled, rows = table.model_names[0], table.model_names[1:], not args.no_compile, set(args.rows)
     first = args.batches[0]
-    table.lever(xl, Lever(first, compiled=False))
-    by_batch = {first: table.lever(xl, Lever(first, compiled))}
-    table.reference(xl, first)
-    for batch in args.batches[1:]:
-        by_batch[batch] = table.lever(xl, Lever(batch, compiled))
+    if "eager" in rows:
+        table.lever(xl, Lever(first, compiled=False))
+    by_batch = {batch: table.lever(xl, Lever(batch, compiled)) for batch in args.batches}
     measured = {b: v for b, v in by_batch.items() if v}
     best_batch = max(measured, key=measured.get) if measured else first
-    if best_batch != first:
-        table.reference(xl, best_batch)
-    for model in others:
+    if "reference" in rows:
+        for batch in dict.fromkeys([first, best_batch]):
+            table.reference(xl, batch)
+    for model in others if "models" in rows else []:
         table.lever(model, Lever(best_batch, compiled))
         table.reference(model, best_batch)
-    loss_curve(table, Lever(args.loss_batch, compiled), args)
+    if "loss" in rows:
+        loss_curve(table, Lever(args.loss_batch, compiled), args)
     base_rate = measured.get(best_batch, 0.0)
     best, paid = Lever(best_batch, compiled, combined=True), {"attention": base_rate, "inductor": base_rate}
 
@@ -239,19 +244,20 @@ def run_ablation(table: Table, args: argparse.Namespace) -> Lever:
             return True
         return False
 
-    for attention in ATTENTION:
+    for attention in ATTENTION if "attention" in rows else []:
         if pays("attention", table.lever(xl, Lever(best_batch, compiled, attention=attention))):
             best.attention = attention
-    table.lever(xl, Lever(best_batch, compiled, foreach_adamw=True))
-    table.lever(xl, Lever(best_batch, compiled, host_sync=True))
-    if compiled:
-        for inductor in INDUCTOR:
-            if pays("inductor", table.lever(xl, Lever(best_batch, compiled, inductor=inductor))):
-                best.inductor = inductor
+    if "optimizer" in rows:
+        table.lever(xl, Lever(best_batch, compiled, foreach_adamw=True))
+    if "sync" in rows:
+        table.lever(xl, Lever(best_batch, compiled, host_sync=True))
+    for inductor in args.inductor if compiled else []:
+        if pays("inductor", table.lever(xl, Lever(best_batch, compiled, inductor=inductor))):
+            best.inductor = inductor
     if not (best.attention or best.inductor):
         best.combined = False  # nothing paid over the compiled step at the best batch
         return best
-    for model in table.model_names:
+    for model in table.model_names if "combined" in rows else []:
         table.lever(model, best)
     return best
 
@@ -324,6 +330,10 @@ def main() -> None:
     parser.add_argument("--loss-steps", type=int, default=10)
     parser.add_argument("--loss-batch", type=int, default=32)
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS,
+                        help="which rows beside the compiled batches (default all)")
+    parser.add_argument("--inductor", nargs="*", default=["max-autotune", "cuda-graphs"], choices=list(INDUCTOR),
+                        help="inductor options timed as levers")
     parser.add_argument("--no-compile", action="store_true", help="every row eager (the levers' code paths without "
                                                                   "compiling: a quick check on a CPU)")
     parser.add_argument("--tiny", action="store_true", help="tiny models, batches 4 and 8, 2 steps after 1, no "
