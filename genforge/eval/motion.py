@@ -36,6 +36,6 @@ def motion_direction(video: Tensor, min_speed: float = 0.1) -> Tensor:
     """The direction index (DIRECTIONS of moving_shapes: left, right, up, down) [B] whose unit vector the clip's
     global velocity projects onto most, or STILL when it moves less than `min_speed` pixels per frame."""
     velocity = global_velocity(video)  # [B, 2]
-    directions = torch.as_tensor(DIRECTION_VECTORS, dtype=velocity.dtype)  # [4, 2]
+    directions = torch.as_tensor(DIRECTION_VECTORS, dtype=velocity.dtype, device=velocity.device)  # [4, 2]
     best = (velocity @ directions.T).argmax(1)
     return torch.where(velocity.norm(dim=1) < min_speed, torch.full_like(best, STILL), best)

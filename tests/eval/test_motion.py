@@ -31,3 +31,11 @@ def test_a_still_clip_has_no_direction():
     assert motion_direction(still).tolist() == [STILL, STILL]
     with pytest.raises(ValueError, match="T >= 2"):
         global_velocity(torch.zeros(1, 3, 1, 8, 8))
+
+
+def test_direction_is_computed_on_the_clips_device():
+    """A tokenizer's reconstructions stay on the GPU (recon_direction): the direction vectors follow the clips' device
+    (meta stands in for a GPU here: a CPU tensor beside it fails as a CUDA one did on the H200)."""
+    clips = torch.zeros(3, 3, 5, 16, 16, device="meta")
+    directions = motion_direction(clips)
+    assert directions.device.type == "meta" and directions.shape == (3,)
