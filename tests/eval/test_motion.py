@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from genforge.data.moving_shapes import render_clips
 from genforge.eval.motion import STILL, global_velocity, motion_direction
@@ -33,9 +35,25 @@ def test_a_still_clip_has_no_direction():
         global_velocity(torch.zeros(1, 3, 1, 8, 8))
 
 
+class DevicesPerOp(TorchDispatchMode):
+    """Records the devices of each aten op's tensor arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixed: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        devices = {a.device for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor)}
+        if len(devices) > 1:
+            self.mixed.append(f"{func}: {sorted(map(str, devices))}")
+        return func(*args, **(kwargs or {}))
+
+
 def test_direction_is_computed_on_the_clips_device():
-    """A tokenizer's reconstructions stay on the GPU (recon_direction): the direction vectors follow the clips' device
-    (meta stands in for a GPU here: a CPU tensor beside it fails as a CUDA one did on the H200)."""
+    """A tokenizer's reconstructions stay on the GPU (recon_direction): every op of the direction runs on the clips'
+    device (meta stands in for a GPU here; a CPU tensor beside the clips failed on the H200)."""
     clips = torch.zeros(3, 3, 5, 16, 16, device="meta")
-    directions = motion_direction(clips)
+    with DevicesPerOp() as ops:
+        directions = motion_direction(clips)
+    assert ops.mixed == []
     assert directions.device.type == "meta" and directions.shape == (3,)
