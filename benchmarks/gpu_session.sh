@@ -1,6 +1,6 @@
 #!/bin/bash
 # Everything a session with a lent GPU runs, in one call (docs/performance.md, "The GPU table" and "The GPU
-# ablation"; docs/phenaki.md, "On a GPU"). Parts, in the order they run (PARTS selects, default the first four):
+# ablation"; docs/phenaki.md, "On one GPU"). Parts, in the order they run (PARTS selects, default the first four):
 #   check     the code path on the GPU in seconds: benchmarks/gpu_sampling.py --tiny (stops the call if it fails)
 #   ablation  DiT-XL/2's step lever by lever, DiT-B/2, the reference's step, the loss curve (benchmarks/gpu_ablation.py)
 #   sampling  DiT-XL/2 250-step DDPM with guidance, genforge beside the reference's loop (benchmarks/gpu_sampling.py)

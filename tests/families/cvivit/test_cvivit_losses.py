@@ -142,7 +142,7 @@ def paper_shaped(run, vgg: str, *more: str) -> list[str]:
             "model.quantizer.kmeans_init=false", f"model.perceptual.weights_path={vgg}", "model.gan.channels=8",
             "model.gan.num_layers=2", "model.gan.start_step=0", "data.source=moving_shapes", "data.path=null",
             "data.images=null", "data.image_size=16", "data.video.num_frames=5", "data.num_workers=0",
-            "data.shapes.n=16", "train.batch_size=2", "train.precision=no", "train.steps=1", "train.log_every=1",
+            "data.shapes.n=16", "train.batch_size=2", "train.precision=no", "train.compile=false", "train.steps=1", "train.log_every=1",
             "train.warmup_steps=0", "train.sample_every=0", "train.checkpoint_every=1", "eval.every=0",
             "log.progress=false", "log.tensorboard=false", *more]
     return ["train", "cvivit-paper", "--run-dir", str(run), *[arg for key in sets for arg in ("--set", key)]]
