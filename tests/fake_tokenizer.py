@@ -58,7 +58,7 @@ def fake_tokenizer(monkeypatch):
         with torch.device(device):
             task = FakeTokenizer(**json.loads(marker.read_text()))
         ckpt = CheckpointDir(Path(run_dir) / "checkpoints").latest()
-        return runs.LoadedRun(load_config(str(Path(run_dir) / "config.yaml")), task.eval(), 1, ckpt)
+        return runs.LoadedRun(load_config(str(Path(run_dir) / "config.yaml")), task.eval(), 1, ckpt, None)
 
     monkeypatch.setattr(runs, "load_run", load_run)
     return make_fake_tokenizer

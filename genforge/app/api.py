@@ -264,7 +264,7 @@ def load_run(path: str | Path, device: str | torch.device | None = None, ema: bo
     a run or has no usable checkpoint."""
     device = str(device or default_device())
     loaded = runs.load_run(Path(path), device, ema)
-    return Run(loaded.config, loaded.task, loaded.step, loaded.checkpoint, Path(path), device)
+    return Run(loaded.config, loaded.task, loaded.step, loaded.checkpoint, loaded.synthesized_ema, Path(path), device)
 
 
 def train(config: str | Path | RunConfig | None = None, overrides: Sequence[str] = (),

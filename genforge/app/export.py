@@ -34,12 +34,16 @@ def export_run(run_dir: Path, out: Path, target: str, ema: bool = True) -> Expor
 
 def export_loaded(run: LoadedRun, out: Path, target: str, weights: str = "ema",
                   run_dir: Path | None = None) -> Exported:
-    """Export an opened run (its task as loaded, `weights` says which) to `target` in `out`, and write the record."""
+    """Export an opened run (its task as loaded, `weights` says which) to `target` in `out`, and write the record
+    (which names the synthesised EMA file when `genforge ema` chose the EMA weights)."""
     exporter = FAMILIES.get(run.config.model.family).exporter(target)
     with torch.no_grad():
         exported = exporter(run.task, run.config.model, out)
     record = {"target": target, "run": str(Path(run_dir).resolve()) if run_dir else None,
               "family": run.config.model.family, "step": run.step, "checkpoint": str(Path(run.checkpoint).absolute()),
               "weights": weights, "folders": exported.folders, "notes": exported.notes, "details": exported.details}
+    if weights == "ema" and run.synthesized_ema is not None:
+        record["weights"] = "ema synthesised post hoc"
+        record["ema_file"] = str(Path(run.synthesized_ema).absolute())
     (out / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return exported

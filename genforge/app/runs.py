@@ -55,6 +55,7 @@ class LoadedRun:
     task: Task
     step: int
     checkpoint: Path
+    synthesized_ema: Path | None  # the EMA file `genforge ema` synthesised, when it replaced the trained EMA
 
 
 def build_task(cfg: RunConfig, info: DataInfo | None = None, device: torch.device | str | None = None) -> Task:
@@ -215,12 +216,12 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
             missing, unexpected = task.ema_module().load_state_dict(shadow, strict=False)
             if unexpected or len(shadow) == 0:
                 raise ConfigError(f"the EMA weights of {ckpt} do not match this model ({unexpected[:3]})")
-            chosen = selected_ema(run_dir, ckpt) if synthesized else None
-            if chosen is not None:
-                _load_synthesized_ema(task, chosen, str(device))
+    chosen = selected_ema(run_dir, ckpt) if ema and synthesized else None
+    if chosen is not None and torch.device(device).type != "meta":
+        _load_synthesized_ema(task, chosen, str(device))
     task.load_state_from_checkpoint(state["family_state"])
     task.eval()
-    return LoadedRun(cfg, task, int(state["step"]), ckpt)
+    return LoadedRun(cfg, task, int(state["step"]), ckpt, chosen)
 
 
 def _load_synthesized_ema(task: Task, path: Path, device: str) -> None:

@@ -45,7 +45,7 @@ def _built(preset, *overrides, seed=0):
     with torch.no_grad():
         for p in task.ema_module().parameters():
             p.copy_(torch.randn_like(p) * 0.05)
-    return LoadedRun(cfg, task.eval(), 0, Path("built, not trained"))
+    return LoadedRun(cfg, task.eval(), 0, Path("built, not trained"), None)
 
 
 def _export(run_dir, out, *args):

@@ -140,3 +140,17 @@ def test_a_run_without_snapshots_exits_2(tmp_path):
     assert out.exit_code == 2 and "has no EMA snapshots" in out.stderr and "train.ema.kind=power" in out.stderr
     out = runner.invoke(app, ["ema", str(tmp_path / "nowhere"), "--sigma-rel", "0.1"])
     assert out.exit_code == 2 and "is not a run directory" in out.stderr
+
+
+def test_export_records_the_synthesised_ema_it_wrote(run, tmp_path):
+    """An export after `genforge ema --sigma-rel` carries the synthesised weights, and its record says so (file)."""
+    assert runner.invoke(app, ["ema", str(run), "--sigma-rel", "0.08"]).exit_code == 0
+    out = runner.invoke(app, ["export", str(run), str(tmp_path / "pipe"), "--to", "diffusers"])
+    assert out.exit_code == 0, out.output
+    record = json.loads((tmp_path / "pipe" / "genforge-export.json").read_text())
+    assert record["weights"] == "ema synthesised post hoc"
+    assert record["ema_file"] == str((run / "ema_synthesized" / "sigma_rel-0.0800.safetensors").absolute())
+    assert runner.invoke(app, ["ema", str(run), "--trained"]).exit_code == 0
+    out = runner.invoke(app, ["export", str(run), str(tmp_path / "trained"), "--to", "diffusers"])
+    record = json.loads((tmp_path / "trained" / "genforge-export.json").read_text())
+    assert record["weights"] == "ema" and "ema_file" not in record
