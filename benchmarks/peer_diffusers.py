@@ -288,12 +288,18 @@ def run_genforge(args: argparse.Namespace, overrides: list[str], label: str, ref
 
 
 # ------------------------------------------------------------------------------------------------ the data
+def bad_input(message: str) -> None:
+    """Exit 2 naming what is wrong (genforge's rule for bad input)."""
+    print(f"peer_diffusers: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def image_folder(args: argparse.Namespace) -> Path:
     """The folder to train on: written for digits / shapes (kept and reused), else the path given."""
     if args.data not in ("digits", "shapes"):
         folder = Path(args.data)
         if not folder.is_dir():
-            sys.exit(f"--data {args.data}: not digits, shapes or an image folder")
+            bad_input(f"--data {args.data}: not digits, shapes or an image folder")
         return folder
     folder = args.out / f"data-{args.data}-{args.image_size}px"
     if folder.is_dir():
@@ -302,7 +308,7 @@ def image_folder(args: argparse.Namespace) -> Path:
         write_shapes_folder(folder, args.shapes_n, args.image_size, seed=args.seed)
     else:
         if importlib.util.find_spec("sklearn") is None:
-            sys.exit("--data digits needs scikit-learn: pip install -c constraints.txt -e \".[examples]\"")
+            bad_input("--data digits needs scikit-learn: pip install -c constraints.txt -e \".[examples]\"")
         from digits_folder import write_digits  # the optional dependency: imported only for --data digits
 
         write_digits(folder, args.image_size)
@@ -337,6 +343,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true",
                         help="tiny models and data, seconds of training, n 8: the code path in under a minute")
     args = parser.parse_args(argv)
+    if args.minutes <= 0 or args.n < 2 or args.batch < 1 or args.probe_steps < 1 or args.sample_batch < 1:
+        parser.error("--minutes must be > 0, --n >= 2 (FID), --batch, --probe-steps and --sample-batch >= 1")
+    if not 0 <= args.val_fraction < 1:
+        parser.error(f"--val-fraction {args.val_fraction}: must be in [0, 1)")
     if args.tiny:
         args.data = "shapes" if args.data == "digits" else args.data
         args.image_size, args.shapes_n, args.minutes, args.n, args.probe_steps = 16, 48, 0.05, 8, 2
@@ -353,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         peer_layout(args.image_size)
     except ValueError as err:
-        sys.exit(str(err))
+        bad_input(str(err))
     folder = image_folder(args).resolve()
     folder_overrides = ["data.source=folder", f"data.path={folder}", f"data.image_size={args.image_size}",
                         f"data.val_fraction={args.val_fraction}", *(GENFORGE_TINY if args.tiny else [])]

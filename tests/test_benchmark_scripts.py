@@ -221,6 +221,14 @@ def test_peer_training_uses_the_recipes_optimizer_schedule_and_ema():
     assert any(not torch.equal(a, b) for a, b in zip(before, training.model.parameters()))
 
 
+
+@pytest.mark.parametrize("args, names", [(["--data", "/no/such/folder"], "--data /no/such/folder"),
+                                         (["--image-size", "24"], "--image-size 24")])
+def test_peer_benchmark_bad_input_exits_2_naming_the_flag(tmp_path, capsys, args, names):
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main([*args, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and names in capsys.readouterr().err
+
 @pytest.mark.slow  # the whole benchmark on tiny models and a 48-image shapes folder: ~40 s of CPU
 def test_peer_benchmark_tiny_scores_every_recipe_against_one_reference(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GENFORGE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
@@ -233,7 +241,7 @@ def test_peer_benchmark_tiny_scores_every_recipe_against_one_reference(tmp_path)
     assert done.stderr.count("reference statistics: computed") == 1 and "statistics: cached" not in done.stderr
     rows = [cells(line) for line in done.stdout.splitlines() if line.startswith("| ")]
     assert rows[0] == ["recipe", "FID", "minutes", "steps", "images seen", "parameters", "sampling steps"]
-    recipes = {row[0]: row for row in rows[2:]}
+    recipes = {row[0]: row for row in rows[1:]}  # the separator line starts "|---"
     assert list(recipes) == ["diffusers train_unconditional (unconditional)", "genforge unet-shapes (unconditional)",
                              "genforge unet-shapes (class-conditional)"]  # the shapes folder has class sub-folders
     for name, (_, fid, minutes, steps, seen, parameters, sampling) in recipes.items():
