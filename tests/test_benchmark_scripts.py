@@ -171,3 +171,86 @@ def test_gpu_video_probe_failing_in_the_compiler_is_rerun_eager(tmp_path):
     pipeline.train = lambda *a: (calls.append(a), gpu_video.Stage("x", status="exit 2", log=tmp_path / "ok.log"))[1]
     assert pipeline.train_probe("tokenizer-probe", "p", tmp_path / "r", [], 30.0, pipeline.tokenizer_eager).status \
         == "exit 2" and len(calls) == 1
+
+
+# ------------------------------------------------------------------ benchmarks/peer_diffusers.py (issue 48 part 3)
+import peer_diffusers as peer  # noqa: E402  (this section's own imports, beside it)
+import torch  # noqa: E402
+
+
+def test_peer_unet_is_the_scripts_layout_scaled_to_the_resolution():
+    at64 = peer.peer_layout(64)  # train_unconditional.py's UNet2DModel, as written there for its 64 px default
+    assert [w for w, _, _ in at64] == [128, 128, 256, 256, 512, 512]
+    assert [d for _, d, _ in at64] == ["DownBlock2D"] * 4 + ["AttnDownBlock2D", "DownBlock2D"]
+    assert [u for _, _, u in reversed(at64)] == ["UpBlock2D", "AttnUpBlock2D"] + ["UpBlock2D"] * 4
+    for size in (8, 16, 32, 64, 128):
+        layout = peer.peer_layout(size)
+        assert size // 2 ** (len(layout) - 1) == 2  # the deepest level is 2x2 at every size
+        attention = [i for i, (_, down, _) in enumerate(layout) if down.startswith("Attn")]
+        assert [size // 2**i for i in attention] == [4]  # attention stays at 4x4
+        assert layout[-3:] == at64[-3:]  # the bottom levels (8x8 to 2x2: 256, 512, 512) are kept
+    for bad in (24, 4, 0):
+        with pytest.raises(ValueError, match="power of two"):
+            peer.peer_layout(bad)
+    model = peer.peer_unet(32, width_divisor=16, layers_per_block=1)
+    assert tuple(model.config.block_out_channels) == (8, 16, 16, 32, 32)
+    x = torch.randn(2, 3, 32, 32)
+    assert model(x, torch.tensor([0, 999])).sample.shape == x.shape
+
+
+def test_peer_training_uses_the_recipes_optimizer_schedule_and_ema():
+    recipe = peer.PeerRecipe()
+    torch.manual_seed(0)
+    training = peer.PeerTraining(peer.peer_unet(16, width_divisor=16, layers_per_block=1), recipe, horizon=1000,
+                                 seed=0)
+    group = training.optimizer.param_groups[0]
+    assert (group["betas"], group["weight_decay"], group["eps"]) == ((0.95, 0.999), 1e-6, 1e-8)
+    betas = training.noise_scheduler.betas  # DDPM's linear schedule, 1e-4 to 0.02 over 1000 steps
+    assert len(betas) == 1000 and betas[0].item() == pytest.approx(1e-4) and betas[-1].item() == pytest.approx(0.02)
+    before = [p.detach().clone() for p in training.model.parameters()]
+    loss = training.step(torch.rand(4, 3, 16, 16) * 2 - 1)
+    assert loss > 0 and training.images_seen == 4
+    # the warm-up's first step runs at lr 0 (as the script's): nothing moves yet; the next at 1e-4 / 500
+    assert all(torch.equal(a, b) for a, b in zip(before, training.model.parameters()))
+    assert training.lr_schedule.get_last_lr()[0] == pytest.approx(1e-4 / 500)
+    training.step(torch.rand(4, 3, 16, 16) * 2 - 1)
+    assert training.lr_schedule.get_last_lr()[0] == pytest.approx(2e-4 / 500) and training.steps == 2
+    # EMA with warm-up: decay 1 - (1 + step / inv_gamma) ** -power, capped at 0.9999 (step = updates - 1)
+    assert training.ema.get_decay(11) == pytest.approx(1 - 11 ** -0.75)
+    assert training.ema.get_decay(10**9) == 0.9999
+    assert any(not torch.equal(a, b) for a, b in zip(before, training.model.parameters()))
+
+
+
+@pytest.mark.parametrize("args, names", [(["--data", "/no/such/folder"], "--data /no/such/folder"),
+                                         (["--image-size", "24"], "--image-size 24")])
+def test_peer_benchmark_bad_input_exits_2_naming_the_flag(tmp_path, capsys, args, names):
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main([*args, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and names in capsys.readouterr().err
+
+@pytest.mark.slow  # the whole benchmark on tiny models and a 48-image shapes folder: ~40 s of CPU
+def test_peer_benchmark_tiny_scores_every_recipe_against_one_reference(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GENFORGE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_diffusers.py"), "--tiny", "--threads", "1",
+                           "--out", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1200)  # generous: the CPU is shared
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # one set of reference statistics, computed once, scores every row
+    assert done.stderr.count("reference statistics: computed") == 1 and "statistics: cached" not in done.stderr
+    rows = [cells(line) for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == ["recipe", "FID", "minutes", "steps", "images seen", "parameters", "sampling steps"]
+    recipes = {row[0]: row for row in rows[1:]}  # the separator line starts "|---"
+    assert list(recipes) == ["diffusers train_unconditional (unconditional)", "genforge unet-shapes (unconditional)",
+                             "genforge unet-shapes (class-conditional)"]  # the shapes folder has class sub-folders
+    for name, (_, fid, minutes, steps, seen, parameters, sampling) in recipes.items():
+        assert float(fid) > 0 and float(minutes) > 0 and int(steps) >= 1 and int(parameters.replace(",", "")) > 0
+        batch = 16 if name.startswith("diffusers") else 8  # the recipe's default; unet-shapes' train.batch_size
+        assert 0 < int(seen.replace(",", "")) <= int(steps) * batch
+        assert sampling == ("4 (DDPMPipeline)" if name.startswith("diffusers") else "4 (dpmpp_2m)")
+    peer_fid = float(recipes["diffusers train_unconditional (unconditional)"][1])
+    for name in list(recipes)[1:]:
+        ratio = next(line for line in done.stdout.splitlines() if line.startswith(f"FID ratio, diffusers / {name}:"))
+        assert float(ratio.rsplit(" ", 1)[1].rstrip("x")) == pytest.approx(peer_fid / float(recipes[name][1]),
+                                                                          abs=0.01)
