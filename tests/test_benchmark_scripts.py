@@ -3,7 +3,6 @@ row of the table (the real Trainer step of both DiTs, the reference's rows, Mask
 benchmarks/prior_text_cache.py on the debug presets; benchmarks/gpu_video.py --tiny (probes, runs, CLI evaluations,
 table) and its probe arithmetic. The figures are printed, never judged."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,8 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from genforge.eval.judge import judge_cache_path, save_judge, train_judge
+
+import gpu_video  # benchmarks/ (on pytest's pythonpath)
+import peer_diffusers as peer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,16 +94,9 @@ def test_gpu_sampling_tiny_times_genforge_and_the_reference_loop():
     assert len(genforge) == 1 and genforge[0][2:6] == ["2", "6", "1.5", "bf16"], rows
     assert float(genforge[0][7]) > 0 and float(genforge[0][8]) > 0
     assert ["DiT-XL/2", "facebookresearch/DiT", "2", "not run: no --reference DIR"] in [r[:4] for r in rows]
-def load_gpu_video():
-    spec = importlib.util.spec_from_file_location("gpu_video", ROOT / "benchmarks" / "gpu_video.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_video", module)  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_gpu_video_probe_reads_step_startup_and_evaluation_times(tmp_path):
-    gpu_video = load_gpu_video()
     # steps logged every 5 at 0.02 s a step from t=100 (the first 5 steps compiled), the evaluation 3 s after step 60
     rows = [{"step": s, "time": 100.0 + (s - 5) * 0.02, "lr": 1e-4, "loss": 1.0} for s in range(5, 61, 5)]
     rows.append({"step": 60, "time": rows[-1]["time"] + 3.0, "eval/judge_accuracy": 0.5})
@@ -118,7 +114,6 @@ def test_gpu_video_probe_reads_step_startup_and_evaluation_times(tmp_path):
 
 @pytest.mark.slow  # one variant's pipeline of genforge subprocesses end to end, ~45 s (both: ~100 s on 2 cores)
 def test_gpu_video_tiny_trains_evaluates_and_reports(tmp_path):
-    gpu_video = load_gpu_video()
     if not judge_cache_path().is_file():  # a quick judge in this session's cache: the figures are not judged here
         save_judge(train_judge(steps=20, batch_size=32, train_images=300, heldout_images=50)[0], judge_cache_path())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -149,7 +144,6 @@ def test_gpu_video_tiny_trains_evaluates_and_reports(tmp_path):
 
 
 def test_gpu_video_probe_failing_in_the_compiler_is_rerun_eager(tmp_path):
-    gpu_video = load_gpu_video()
     settings = gpu_video.Settings(60.0, tmp_path, tiny=False, gpu=True, minilm=None, probe_steps=60, log_every=5,
                                   max_steps=None)
     pipeline = gpu_video.Pipeline("p2", settings)
@@ -174,8 +168,6 @@ def test_gpu_video_probe_failing_in_the_compiler_is_rerun_eager(tmp_path):
 
 
 # ------------------------------------------------------------------ benchmarks/peer_diffusers.py (issue 48 part 3)
-import peer_diffusers as peer  # noqa: E402  (this section's own imports, beside it)
-import torch  # noqa: E402
 
 
 def test_peer_unet_is_the_scripts_layout_scaled_to_the_resolution():
