@@ -228,7 +228,9 @@ class Pipeline:
         planned = max(steps, self.s.probe_steps)
         if self.s.max_steps is not None:
             planned = min(planned, self.s.max_steps)
-        self.notes.append(f"{what}: {seconds:.0f} s fit {steps} steps by the probe; trains {planned}")
+        fit = (f"fit {steps} steps by the probe" if steps > 0 else
+               "is less than the probe's start-up and evaluation: the budget is too small for this part")
+        self.notes.append(f"{what}: {seconds:.0f} s {fit}; trains {planned}")
         return planned
 
     def probe_cadence(self) -> list[str]:
