@@ -38,7 +38,7 @@ import gc
 import signal
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -77,17 +77,6 @@ class Lever:
         parts += ["foreach AdamW"] if self.foreach_adamw else []
         parts += ["+ host sync per phase"] if self.host_sync else []
         return "genforge " + ", ".join(parts).replace(":,", ":")
-
-
-@dataclass
-class Results:
-    """Images/s of each lever measured so far (None: failed or skipped)."""
-
-    images_per_s: dict[str, float | None] = field(default_factory=dict)
-
-    def best(self, labels: list[str]) -> str | None:
-        measured = [(self.images_per_s[k], k) for k in labels if self.images_per_s.get(k)]
-        return max(measured)[1] if measured else None
 
 
 @contextlib.contextmanager
@@ -160,7 +149,6 @@ class Table:
         self.specs, self.model_names = specs, list(specs)  # the first is ablated
         self.args, self.device, self.peak = args, device, peak
         self.end = time.monotonic() + args.budget_s
-        self.results = Results()
         self.eager_step_s: dict[tuple[str, int], float] = {}
 
     def left(self) -> float:
@@ -171,7 +159,6 @@ class Table:
         """One row: `run` under the time left (at most `--row-s`), printed; None when skipped or failed."""
         if self.left() < self.args.min_row_s:
             row([model, label, batch, "bf16", "skipped: budget spent", *["–"] * 5])
-            self.results.images_per_s[f"{model}|{label}|{batch}"] = None
             return None
         reset_peak_memory(self.device)
         try:
@@ -180,13 +167,11 @@ class Table:
         except Exception as err:  # noqa: BLE001 - a row that cannot run says why; the others still run
             message = f"{type(err).__name__}: {err}".replace("|", "/").replace("\n", " ")[:160]
             row([model, label, batch, "bf16", f"failed: {message}", *["–"] * 5])
-            self.results.images_per_s[f"{model}|{label}|{batch}"] = None
             return None
         finally:
             release()
         train_row(model, label, times, "bf16", self.flops(model), self.peak, peak_memory_gib(self.device),
                   compile_s(times))
-        self.results.images_per_s[f"{model}|{label}|{batch}"] = times.images_per_s
         return times
 
     def flops(self, model: str) -> float:
