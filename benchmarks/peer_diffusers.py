@@ -242,7 +242,7 @@ def score(reference: Reference, images: Tensor, device: str) -> float:
 def run_peer(args: argparse.Namespace, data: DataConfig, reference: Reference, device: str) -> Row:
     recipe = PeerRecipe()
     sample_steps = args.peer_sample_steps or recipe.sample_steps
-    divisor, layers = (16, 1) if args.tiny else (1, 2)
+    divisor, layers = (16, 1) if args.tiny else (args.peer_width_divisor, 2)
 
     def fresh(horizon: int) -> PeerTraining:
         torch.manual_seed(args.seed)
@@ -263,8 +263,10 @@ def run_peer(args: argparse.Namespace, data: DataConfig, reference: Reference, d
         torch.cuda.synchronize()
     minutes = (time.perf_counter() - t0) / 60
     images = training.sample(args.n, args.seed, sample_steps, args.sample_batch)
-    return Row("diffusers train_unconditional (unconditional)", score(reference, images, device), minutes, steps,
-               training.images_seen, sum(p.numel() for p in training.model.parameters()), f"{sample_steps} (DDPMPipeline)")
+    narrowed = f", widths / {divisor}" if divisor > 1 and not args.tiny else ""
+    return Row(f"diffusers train_unconditional (unconditional{narrowed})", score(reference, images, device), minutes,
+               steps, training.images_seen, sum(p.numel() for p in training.model.parameters()),
+               f"{sample_steps} (DDPMPipeline)")
 
 
 def run_genforge(args: argparse.Namespace, overrides: list[str], label: str, reference: Reference,
@@ -334,6 +336,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16, help="the peer's batch (genforge keeps its preset's)")
     parser.add_argument("--peer-sample-steps", type=int, default=None,
                         help="DDPMPipeline steps (default: the script's 1000)")
+    parser.add_argument("--peer-width-divisor", type=int, default=1,
+                        help="divide the peer's block widths by this (8 at 32 px: about genforge's parameter count, "
+                             "for a CPU); 1: the script's widths")
     parser.add_argument("--sample-batch", type=int, default=64)
     parser.add_argument("--probe-steps", type=int, default=5, help="timed steps of each recipe's probe")
     parser.add_argument("--shapes-n", type=int, default=5000, help="images written for --data shapes")
@@ -343,8 +348,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true",
                         help="tiny models and data, seconds of training, n 8: the code path in under a minute")
     args = parser.parse_args(argv)
-    if args.minutes <= 0 or args.n < 2 or args.batch < 1 or args.probe_steps < 1 or args.sample_batch < 1:
-        parser.error("--minutes must be > 0, --n >= 2 (FID), --batch, --probe-steps and --sample-batch >= 1")
+    if args.minutes <= 0 or args.n < 2 or min(args.batch, args.probe_steps, args.sample_batch,
+                                              args.peer_width_divisor) < 1:
+        parser.error("--minutes must be > 0, --n >= 2 (FID), --batch, --probe-steps, --sample-batch and "
+                     "--peer-width-divisor >= 1")
+    if 128 % args.peer_width_divisor:
+        parser.error(f"--peer-width-divisor {args.peer_width_divisor}: must divide the peer's widths (128, 256, 512)")
     if not 0 <= args.val_fraction < 1:
         parser.error(f"--val-fraction {args.val_fraction}: must be in [0, 1)")
     if args.tiny:

@@ -188,6 +188,8 @@ def test_peer_unet_is_the_scripts_layout_scaled_to_the_resolution():
     assert tuple(model.config.block_out_channels) == (8, 16, 16, 32, 32)
     x = torch.randn(2, 3, 32, 32)
     assert model(x, torch.tensor([0, 999])).sample.shape == x.shape
+    # --peer-width-divisor 8: the CPU's peer, about genforge's unet-shapes in parameters (1.7 M against 1.4 M)
+    assert tuple(peer.peer_unet(32, width_divisor=8).config.block_out_channels) == (16, 32, 32, 64, 64)
 
 
 def test_peer_training_uses_the_recipes_optimizer_schedule_and_ema():
@@ -215,7 +217,8 @@ def test_peer_training_uses_the_recipes_optimizer_schedule_and_ema():
 
 
 @pytest.mark.parametrize("args, names", [(["--data", "/no/such/folder"], "--data /no/such/folder"),
-                                         (["--image-size", "24"], "--image-size 24")])
+                                         (["--image-size", "24"], "--image-size 24"),
+                                         (["--peer-width-divisor", "3"], "--peer-width-divisor 3")])
 def test_peer_benchmark_bad_input_exits_2_naming_the_flag(tmp_path, capsys, args, names):
     with pytest.raises(SystemExit) as exit_info:
         peer.main([*args, "--out", str(tmp_path)])

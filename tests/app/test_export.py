@@ -200,9 +200,12 @@ def test_what_does_not_map_is_refused_naming_why(tmp_path):
         export_loaded(_built("dit-debug", "model.backbone.mlp_ratio=2.0"), tmp_path / "b", "diffusers")
     with pytest.raises(ExportError, match="kind=fsq"):
         export_loaded(_built("vqgan-debug", *FSQ), tmp_path / "c", "diffusers")
+    with pytest.raises(ExportError, match="magnitude_preserving: EDM2's magnitude-preserving U-Net"):
+        export_loaded(_built("unet-shapes", *UNET_16PX, "model.backbone.magnitude_preserving=true"), tmp_path / "d",
+                      "diffusers")
     with pytest.raises(ConfigError, match="do not export to 'diffusers'.*diffusion, klvae, vqgan"):
         FAMILIES.get("maskgit").exporter("diffusers")
-    assert not any((tmp_path / name).exists() for name in "abc")  # nothing written
+    assert not any((tmp_path / name).exists() for name in "abcd")  # nothing written
 
 
 def test_cli_refusals_exit_2(runs, tmp_path):

@@ -14,4 +14,5 @@ register_family(DiffusionModelConfig, "genforge.families.diffusion.task:Diffusio
                            "DiTTransformer2DModel": "genforge.families.diffusion.importer:read_diffusers"},
                 traits=FamilyTraits(metrics=("judge",), block_types=("genforge.families.diffusion.dit:DiTBlock",
                                                                       "genforge.nn.unet:ResBlock",
-                                                                      "genforge.nn.unet:AttentionBlock")))
+                                                                      "genforge.nn.unet:AttentionBlock",
+                                                                      "genforge.nn.mp_unet:MPBlock")))

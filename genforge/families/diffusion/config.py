@@ -51,6 +51,11 @@ class UNetBackboneConfig(UNetConfig):
     """The ADM U-Net (Dhariwal & Nichol 2021) of genforge.nn.unet (`model.backbone.kind: unet`)."""
 
     kind: Literal["unet"] = "unet"
+    magnitude_preserving: bool = Field(
+        False, description="EDM2's magnitude-preserving layers in the same layout (Karras et al. 2024: normalised "
+                           "weights without biases or group norms, forced weight normalisation after each step, "
+                           "mp_silu/mp_sum/mp_cat, cosine attention; genforge.nn.mp_unet); EDM2 trains it at a "
+                           "higher learning rate (1e-2 for its small models). No diffusers export")
 
 
 def _backbone_kind(value: Any) -> str:

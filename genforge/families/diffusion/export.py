@@ -267,6 +267,10 @@ def to_diffusers(task: DiffusionTask, cfg: DiffusionModelConfig, out: Path) -> E
         name, model = "transformer", dit_transformer(task.model)
         notes.append(TIMESTEP_SHIFT_NOTE)
     else:
+        if cfg.backbone.magnitude_preserving:
+            raise ExportError("model.backbone.magnitude_preserving: EDM2's magnitude-preserving U-Net (normalised "
+                              "weights, no biases or group norms) has no diffusers model to hold it; sample with "
+                              "genforge, or export an ADM U-Net run (magnitude_preserving false)")
         name, model = "unet", unet_model(task.model, cfg.backbone, task.input_size)
     codec = task.latent_codec
     vae = codec.diffusers_autoencoder() if isinstance(codec, DiffusersAutoencoder) else None

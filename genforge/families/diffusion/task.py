@@ -16,6 +16,7 @@ from genforge.diffusion.build import build_objective, sample_diffusion, with_dif
 from genforge.families.diffusion.config import DiffusionModelConfig, UNetBackboneConfig
 from genforge.families.diffusion.dit import DiT
 from genforge.nn.frozen import held_on
+from genforge.nn.mp_unet import MPUNet, project_weights_
 from genforge.nn.unet import UNet, build_unet
 from genforge.tokenizers.standins import build_standin
 
@@ -38,12 +39,18 @@ class DiffusionTask(Task):
         self.null_label = self.num_classes
         self.objective = build_objective(cfg.diffusion)
 
-    def _build_backbone(self, cfg: DiffusionModelConfig) -> DiT | UNet:
-        """The DiT or ADM U-Net of `model.backbone`: (x_t [B, C, h, w], t [B], y [B]) -> [B, C or 2C (learned
-        variance), h, w]."""
+    def _build_backbone(self, cfg: DiffusionModelConfig) -> DiT | UNet | MPUNet:
+        """The DiT, ADM U-Net or EDM2 magnitude-preserving U-Net of `model.backbone`: (x_t [B, C, h, w], t [B],
+        y [B]) -> [B, C or 2C (learned variance), h, w]."""
         backbone = cfg.backbone
         if isinstance(backbone, UNetBackboneConfig):
             out_channels = self.channels * (2 if cfg.diffusion.learn_sigma else 1)
+            if backbone.magnitude_preserving:
+                return MPUNet(in_channels=self.channels, out_channels=out_channels, dim=backbone.dim,
+                              dim_mults=backbone.dim_mults, num_res_blocks=backbone.num_res_blocks,
+                              attention_levels=backbone.attention_levels, head_dim=backbone.head_dim,
+                              dropout=backbone.dropout, mid_attention=backbone.mid_attention,
+                              num_classes=self.num_classes)
             return build_unet(backbone, in_channels=self.channels, out_channels=out_channels,
                               num_classes=self.num_classes)
         return DiT(
@@ -73,6 +80,12 @@ class DiffusionTask(Task):
 
     def ema_module(self) -> torch.nn.Module:
         return self.model
+
+    def end_step(self, step: int) -> None:
+        """The magnitude-preserving U-Net's forced weight normalisation (EDM2 eq. 66), on every rank after the
+        optimizer step."""
+        if isinstance(self.model, MPUNet):
+            project_weights_(self.model)
 
     def train(self, mode: bool = True) -> "DiffusionTask":
         """Train mode for the DiT; the codec stays frozen in eval mode."""

@@ -33,3 +33,9 @@ class TestDiTUNetBackbone(FamilyContract):
 class TestDiTUNetLearnedSigma(FamilyContract):
     preset = "dit-debug"
     overrides = (UNET_16,)
+
+
+class TestDiTMagnitudePreservingUNet(FamilyContract):
+    preset = "dit-debug"
+    overrides = (UNET_16, "model.backbone.magnitude_preserving=true", "model.diffusion.objective=flow",
+                 "model.diffusion.learn_sigma=false", "model.diffusion.sampler=euler")
