@@ -117,7 +117,7 @@ class MPBlock(nn.Module):
         self.skip = MPConv(in_ch, out_ch, 1) if in_ch != out_ch else None
         self.conv_in = MPConv(in_ch if decoder else out_ch, out_ch, 3)
         self.emb_linear = MPConv(emb_dim, out_ch, 0)
-        self.emb_gain = nn.Parameter(torch.zeros(()))
+        self.emb_gain = nn.Parameter(torch.zeros(1))  # 1-D: FSDP2 shards no scalars
         self.conv_out = MPConv(out_ch, out_ch, 3)
         if self.heads:
             self.qkv = MPConv(out_ch, 3 * out_ch, 1)
@@ -198,7 +198,7 @@ class MPUNet(nn.Module):
                 self.takes_skip.append(True)
                 ch = dim * mult
         self.output_conv = MPConv(ch, out_channels, 3)
-        self.output_gain = nn.Parameter(torch.zeros(()))  # the network starts at zero
+        self.output_gain = nn.Parameter(torch.zeros(1))  # the network starts at zero
 
     def embedding(self, t: Tensor, y: Tensor | None) -> Tensor:
         """[B, E]: mp_silu(mp_sum(linear(√2·sinusoid(t)), linear(√K·one_hot(y)), 0.5)), y None: the null label."""

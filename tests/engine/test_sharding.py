@@ -212,3 +212,18 @@ def test_power_ema_snapshots_of_a_sharded_run_resume_exactly_and_synthesise(tmp_
                           capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "at step 6, from 4 snapshots" in done.stdout
+
+
+def test_the_magnitude_preserving_unets_weight_projection_runs_on_each_ranks_shards(tmp_path):
+    """model.backbone.magnitude_preserving under fsdp: the forced weight normalisation after each step works on each
+    rank's dim-0 shard (whole output channels), so the losses are DDP's and every stored filter is at RMS 1."""
+    mp = ["--set", "data.image_size=16", "--set", "model.backbone.dim=16", "--set", "model.backbone.dim_mults=[1,2]",
+          "--set", "model.backbone.attention_levels=[1]", "--set", "model.backbone.head_dim=16", "--set",
+          "model.backbone.magnitude_preserving=true", "--set", "train.lr=0.1", "--set", "eval.every=0"]
+    for sharding in ("fsdp", "none"):
+        _train(tmp_path / sharding, "unet-shapes", sharding, 6, 2, *mp)
+    assert max(_relative_gap(_losses(tmp_path / "fsdp"), _losses(tmp_path / "none"))) < 1e-5
+    weights = read_weights(tmp_path / "fsdp" / "checkpoints" / "step-000006", "model")
+    filters = [w for w in weights.values() if w.ndim >= 2]
+    assert filters and all(torch.allclose(w.flatten(1).pow(2).mean(1).sqrt(), torch.ones(len(w)), atol=2e-4)
+                           for w in filters)
