@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from genforge.app.config import load_config, to_yaml
 from genforge.eval.judge import judge_cache_path, save_judge, train_judge
 
 import gpu_video  # benchmarks/ (on pytest's pythonpath)
+import lever_table
 import peer_diffusers as peer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -249,3 +251,36 @@ def test_peer_benchmark_tiny_scores_every_recipe_against_one_reference(tmp_path)
         ratio = next(line for line in done.stdout.splitlines() if line.startswith(f"FID ratio, diffusers / {name}:"))
         assert float(ratio.rsplit(" ", 1)[1].rstrip("x")) == pytest.approx(peer_fid / float(recipes[name][1]),
                                                                           abs=0.01)
+
+
+# ------------------------------------------------------------------ benchmarks/lever_table.py (issue 48 part 2)
+def _lever_run(root: Path, name: str, judges: dict[int, float], batch: int) -> Path:
+    """A run directory as `genforge train ... --set eval.every=N` leaves it: config.yaml, eval/<step>.json,
+    metrics.jsonl (a tiny U-Net config, so that the step probe is quick)."""
+    run = root / name
+    (run / "eval").mkdir(parents=True)
+    cfg = load_config("unet-shapes", ["data.image_size=16", "model.backbone.dim=8", "model.backbone.head_dim=8",
+                                      "model.backbone.dim_mults=[1,2]", "model.backbone.attention_levels=[1]",
+                                      f"train.batch_size={batch}", "data.num_workers=0"])
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    for step, judge in judges.items():
+        (run / "eval" / f"{step}.json").write_text(json.dumps({"step": step, "n": 128, "judge_accuracy": judge}))
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "samples_per_s": batch / 0.5})
+                                                 for s in (25, 50, 75)) + "\n")
+    return run
+
+
+def test_lever_table_reads_each_curve_and_prices_its_steps(tmp_path, capsys):
+    fast = _lever_run(tmp_path, "fast", {400: 0.6, 800: 0.96, 1200: 0.99, 1600: 1.0}, batch=8)
+    slow = _lever_run(tmp_path, "slow", {200: 0.4, 400: 0.9}, batch=16)
+    lever_table.main([str(fast), str(slow), "--no-probe"])
+    rows = {r[0]: r for r in map(cells, capsys.readouterr().out.splitlines()[2:])}
+    # steps, images (steps x batch), ms/step (batch / logged samples/s), minutes (steps x s/step)
+    assert rows["fast"][1:9] == ["800", "1200", "6,400", "9,600", "500", "6.7", "10.0", "1.000 @ 1600"]
+    assert rows["slow"][1:9] == ["-", "-", "-", "-", "500", "-", "-", "0.900 @ 400"]
+    lever_table.main([str(fast), "--probe-steps", "2"])  # the real Trainer's step of the run's config
+    probed = cells(capsys.readouterr().out.splitlines()[2])
+    assert probed[0] == "fast" and float(probed[5]) > 0
+    with pytest.raises(SystemExit) as exit_info:
+        lever_table.main([str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
