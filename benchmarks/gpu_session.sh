@@ -17,6 +17,11 @@
 # /tmp/site), .ref/DiT (facebookresearch/DiT's models.py, diffusion/, sample_ddp.py), .gpu/minilm (Phenaki's MiniLM
 # text encoder, fp16) and .gpu/cache (the shapes judge). Without PyAV (its wheel is too large to travel) a stand-in
 # module lets genforge import: no video files are read or written there, GIFs and PNGs are (PIL).
+# The wheels are not kept in the tree between sessions (their metadata lists extras this project must not name in
+# a dependency file); fetch them into .whl/ before a GPU call, for the GPU image's Python (3.12 on the H200 used):
+#   pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     -c constraints.txt pydantic pydantic-core annotated-types typing-extensions typing-inspection diffusers \
+#     importlib-metadata webdataset braceexpand vector-quantize-pytorch einx frozendict loguru torch-einops-utils
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 REF=${REF:-.ref/DiT}
