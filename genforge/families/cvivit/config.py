@@ -48,6 +48,10 @@ class CViViTConfig(TokenizerConfig):
     pixel_norm: bool = Field(False, description="LayerNorm over each raw pixel patch before its linear embedding "
                                                 "(Dual PatchNorm, as phenaki-pytorch); it takes each patch's mean "
                                                 "and contrast away, so a flat patch's colour cannot be encoded")
+    stem_channels: int = Field(0, ge=0, description="per-frame 3x3 conv stem of this many channels before the "
+                                                    "patches are cut (0: the paper's linear patch embedding)")
+    head_channels: int = Field(0, ge=0, description="per-frame 3x3 conv head of this many channels after the "
+                                                    "patches are put back (0: the paper's linear output)")
     reconstruction_loss: ReconstructionLoss = Field("mse", description="mse: L2, Phenaki's (Villegas et al. "
                                                                        "2022); l1: cvivit's default before")
     perceptual: CViViTPerceptualConfig = CViViTPerceptualConfig()

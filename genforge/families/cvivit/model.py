@@ -9,6 +9,11 @@ video [B, C, T, H, W], T = 1 + k·pt
   -> quantizer: ids [B, t, h, w]
   -> mirrored decoder (causal temporal blocks, spatial blocks) -> linear maps back to the first frame's patches
      and the tubelets -> video [B, C, T, H, W].
+Optional (`model.stem_channels`, `model.head_channels`; 0, the paper's linear maps, by default): per-frame 3×3
+convolutions at full resolution, whose features are cut into the patches beside the pixels, and whose correction is
+added to the pixels put back, so a patch's embedding sees the pixels beside it and the output can mend edges across
+patch borders (convolutional ends on the transformer, as MAGVIT's and ViT-VQGAN's tokenizers mix them). Per frame,
+so time stays causal.
 Causal attention in time makes the tokens of token frame i depend on the frames up to its tubelet only, so a clip
 can be continued (Phenaki's variable length). Positions are fixed sin-cos tables (2-D in space, 1-D in time), so
 any number of frames works.
@@ -71,6 +76,27 @@ def patch_embedding(patch_dim: int, dim: int, pixel_norm: bool) -> nn.Sequential
                          nn.LayerNorm(dim))
 
 
+class FrameConvs(nn.Module):
+    """3×3 convolutions applied to every frame on its own (so a frame's output depends on that frame only):
+    `in_channels` -> `hidden` -> ... -> `out_channels`, GELU between; [B, C, T, H, W] or [B, C, H, W]."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, depth: int = 2) -> None:
+        super().__init__()
+        widths = [in_channels] + [hidden] * (depth - 1) + [out_channels]
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            layers += [nn.GELU()] if i else []
+            layers.append(nn.Conv2d(a, b, 3, padding=1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim == 4:
+            return self.net(x)
+        b = x.shape[0]
+        frames = self.net(rearrange(x, "b c t h w -> (b t) c h w"))  # [B·T, C', H, W]
+        return rearrange(frames, "(b t) c h w -> b c t h w", b=b)
+
+
 class CViViT(Quantizing):
     """TokenCodec for videos: encode = ids [B, t, h, w] of the quantized encoder tokens, decode = the decoder's video.
     Images [B, C, H, W] are taken as 1-frame videos and come back as images."""
@@ -80,18 +106,42 @@ class CViViT(Quantizing):
         p, pt, dim = cfg.patch_size, cfg.temporal_patch_size, cfg.dim
         self.channels, self.patch, self.temporal_patch = channels, p, pt
         self.downsample, self.temporal_downsample = p, pt
+        # ---- optional per-frame conv stem: the patches are cut from [pixels, conv features] ([C + stem_channels])
+        self.stem = FrameConvs(channels, cfg.stem_channels, cfg.stem_channels) if cfg.stem_channels else None
+        cin = channels + cfg.stem_channels
         # ---- patch embeddings: Linear -> LayerNorm (with cfg.pixel_norm a LayerNorm over the raw patch first)
-        self.embed_first = patch_embedding(channels * p * p, dim, cfg.pixel_norm)
-        self.embed_tubes = patch_embedding(channels * pt * p * p, dim, cfg.pixel_norm)
+        self.embed_first = patch_embedding(cin * p * p, dim, cfg.pixel_norm)
+        self.embed_tubes = patch_embedding(cin * pt * p * p, dim, cfg.pixel_norm)
         blocks = dict(dim=dim, heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, spatial_depth=cfg.spatial_depth,
                       temporal_depth=cfg.temporal_depth)
         self.encoder = SpaceTimeTransformer(**blocks, temporal_first=False)
         self.init_quantizer(cfg.quantizer, dim)  # .quantizer, and .pending for an EMA codebook
         self.decoder = SpaceTimeTransformer(**blocks, temporal_first=True)
-        self.to_first = nn.Linear(dim, channels * p * p)
-        self.to_tubes = nn.Linear(dim, channels * pt * p * p)
+        # ---- linear maps back to patches of [pixels, features] ([C + head_channels]); the optional per-frame conv
+        # head adds its correction to the pixels (its last convolution starts at zero: at first the paper's output)
+        self.out_channels = cout = channels + cfg.head_channels
+        self.to_first = nn.Linear(dim, cout * p * p)
+        self.to_tubes = nn.Linear(dim, cout * pt * p * p)
+        self.head = None
+        if cfg.head_channels:
+            self.head = FrameConvs(cout, cfg.head_channels, channels, depth=3)
+            nn.init.zeros_(self.head.net[-1].weight)
+            nn.init.zeros_(self.head.net[-1].bias)
 
     # --------------------------------------------------------------------------------------- pieces
+    def embed(self, video: Tensor) -> Tensor:
+        """video [B, C, T, H, W] -> patch embeddings [B, t, h, w, D]: the first frame's p×p patches and the tubelets
+        (with a conv stem: cut from the pixels and the stem's features)."""
+        p, pt = self.patch, self.temporal_patch
+        if self.stem is not None:
+            video = torch.cat([video, self.stem(video)], dim=1)  # [B, C + stem_channels, T, H, W]
+        first = rearrange(video[:, :, :1], "b c 1 (h p1) (w p2) -> b 1 h w (c p1 p2)", p1=p, p2=p)
+        tokens = self.embed_first(first)  # [B, 1, h, w, D]
+        if video.shape[2] > 1:
+            tubes = rearrange(video[:, :, 1:], "b c (t pt) (h p1) (w p2) -> b t h w (c pt p1 p2)", pt=pt, p1=p, p2=p)
+            tokens = torch.cat([tokens, self.embed_tubes(tubes)], dim=1)  # [B, t, h, w, D]
+        return tokens
+
     def encode_latent(self, video: Tensor) -> Tensor:
         """video [B, C, T, H, W] (or an image [B, C, H, W]) -> z [B, D, t, h, w] (before quantization)."""
         if video.ndim == 4:
@@ -99,26 +149,27 @@ class CViViT(Quantizing):
         if (video.shape[2] - 1) % self.temporal_patch:
             raise ValueError(f"C-ViViT with temporal patch {self.temporal_patch} needs 1 + k·{self.temporal_patch} "
                              f"frames, got {video.shape[2]}")
-        p, pt = self.patch, self.temporal_patch
-        first = rearrange(video[:, :, :1], "b c 1 (h p1) (w p2) -> b 1 h w (c p1 p2)", p1=p, p2=p)
-        tokens = self.embed_first(first)  # [B, 1, h, w, D]
-        if video.shape[2] > 1:
-            tubes = rearrange(video[:, :, 1:], "b c (t pt) (h p1) (w p2) -> b t h w (c pt p1 p2)", pt=pt, p1=p, p2=p)
-            tokens = torch.cat([tokens, self.embed_tubes(tubes)], dim=1)  # [B, t, h, w, D]
-        return rearrange(self.encoder(tokens), "b t h w d -> b d t h w")
+        return rearrange(self.encoder(self.embed(video)), "b t h w d -> b d t h w")
 
     def decode_latent(self, zq: Tensor, image: bool = False) -> Tensor:
         """zq [B, D, t, h, w] -> video [B, C, 1 + (t − 1)·pt, H, W] (with `image` and t = 1: [B, C, H, W])."""
         x = self.decoder(rearrange(zq, "b d t h w -> b t h w d"))  # [B, t, h, w, D]
-        p, pt, c = self.patch, self.temporal_patch, self.channels
-        first = rearrange(self.to_first(x[:, :1]), "b 1 h w (c p1 p2) -> b c 1 (h p1) (w p2)", c=c, p1=p, p2=p)
-        if image and x.shape[1] == 1:
-            return first[:, :, 0]
-        if x.shape[1] == 1:
-            return first
-        tubes = rearrange(self.to_tubes(x[:, 1:]), "b t h w (c pt p1 p2) -> b c (t pt) (h p1) (w p2)", c=c, pt=pt,
-                          p1=p, p2=p)
-        return torch.cat([first, tubes], dim=2)  # [B, C, T, H, W]
+        p, pt, c = self.patch, self.temporal_patch, self.out_channels
+        video = rearrange(self.to_first(x[:, :1]), "b 1 h w (c p1 p2) -> b c 1 (h p1) (w p2)", c=c, p1=p, p2=p)
+        if x.shape[1] > 1:
+            tubes = rearrange(self.to_tubes(x[:, 1:]), "b t h w (c pt p1 p2) -> b c (t pt) (h p1) (w p2)", c=c,
+                              pt=pt, p1=p, p2=p)
+            video = torch.cat([video, tubes], dim=2)  # [B, C', T, H, W]
+        if self.head is not None:
+            video = video[:, : self.channels] + self.head(video)  # [B, C, T, H, W]
+        return video[:, :, 0] if image and x.shape[1] == 1 else video
+
+    def output_layer(self, image: bool) -> Tensor:
+        """The weight every pixel of the output passes through last (taming's adaptive GAN weight is measured on
+        it): the conv head's last convolution, else the first frame's map (images) or the tubelets' (clips)."""
+        if self.head is not None:
+            return self.head.net[-1].weight
+        return self.to_first.weight if image else self.to_tubes.weight
 
     # ----------------------------------------------------------------------------------- TokenCodec
     def encode(self, video: Tensor) -> Tensor:

@@ -58,7 +58,5 @@ class CViViTTask(TokenizerTask):
             self.autoencoder.apply_pending()
 
     def last_layer(self) -> Tensor:
-        """The output map the last batch's reconstruction went through: the tubelets' (clips) or the first
-        frame's (images)."""
-        ae = self.autoencoder
-        return ae.to_first.weight if self._last_was_image else ae.to_tubes.weight
+        """The output map the last batch's reconstruction went through last (CViViT.output_layer)."""
+        return self.autoencoder.output_layer(image=self._last_was_image)

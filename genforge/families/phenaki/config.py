@@ -55,6 +55,10 @@ class PhenakiConfig(MaskedTokenConfig):
         0.0, ge=0.0, le=1.0, description="share of training clips masked in frame order: a random token frame partly "
                                          "hidden (γ(r)), the frames before it visible, those after it hidden; the "
                                          "rest masked as MaskGIT (uniformly)")
+    first_frame_steps: Annotated[int, OnResume.CHANGE] = Field(
+        0, ge=0, description="a curriculum: the first N optimizer steps train on each clip's first token frame alone "
+                             "(text-to-image on the clips' own first frames, a third of a clip's tokens: appearance "
+                             "first, Phenaki §3.1's image training), the steps after on whole clips (motion)")
 
     def check_data(self, data: DataConfig) -> None:
         if data.source == "cache" and self.tokens.codec != "tokenizer":

@@ -66,6 +66,13 @@ class PhenakiTask(MaskedTokenTask):
                              f"match clips of {n // self.model.tokens_per_frame} token frames")
         return tokens.repeat_interleave(self.model.tokens_per_frame, dim=1)  # [B, N]
 
+    def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """The masked-token objective; during the curriculum's first `model.first_frame_steps` steps on the first
+        token frame of each clip alone (`first_frames`)."""
+        if phase == "main" and step < self.cfg.first_frame_steps:
+            batch = first_frames(batch, self.model.tokens_per_frame)
+        return super().loss(batch, phase, step)
+
     def training_masks(self, rng: BatchRandom, n: int, real: Tensor | None = None) -> TrainingMasks:
         """MaskGIT's uniform masks; with model.frame_order_prob, that share of the clips masked in frame order
         (`masking.frame_training_mask`: what decoding token frame by token frame conditions on), every hidden token
@@ -228,6 +235,18 @@ class PhenakiTask(MaskedTokenTask):
                                       clip_options(options, chapter))
             video = torch.cat([video, clip[:, :, chapter.carried :]], dim=2)
         return video
+
+
+def first_frames(batch: Batch, tokens_per_frame: int) -> Batch:
+    """The batch as its clips' first frames: `video` [B, C, 1, H, W] (the causal tokenizer's first token frame
+    depends on frame 0 alone, so its ids are the clip's first token frame's), cached `tokens` [B, h·w] of
+    [B, t·h·w], `frame_mask` [B, 1] (here and in `global_batch`); the rest (captions, the random stream) as it is."""
+    sliced = {"video": lambda v: v[:, :, :1], "tokens": lambda v: v[:, :tokens_per_frame],
+              "frame_mask": lambda v: v[:, :1]}
+    out = Batch({k: sliced[k](v) if k in sliced else v for k, v in batch.items()})
+    if "global_batch" in batch:
+        out["global_batch"] = {k: sliced[k](v) if k in sliced else v for k, v in batch["global_batch"].items()}
+    return out
 
 
 @dataclass(frozen=True)

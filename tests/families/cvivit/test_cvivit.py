@@ -27,11 +27,11 @@ runner = CliRunner()
 OLD_RUNS = Path(__file__).parents[2] / "fixtures" / "runs-3f8e24e"
 
 
-def tiny(kind: str = "vq", pixel_norm: bool = False, **quantizer) -> CViViT:
+def tiny(kind: str = "vq", pixel_norm: bool = False, conv_channels: int = 0, **quantizer) -> CViViT:
     torch.manual_seed(0)
     q = QuantizerConfig(kind=kind, **quantizer)
     cfg = CViViTConfig(dim=32, patch_size=4, temporal_patch_size=2, spatial_depth=1, temporal_depth=2, num_heads=2,
-                       quantizer=q, pixel_norm=pixel_norm)
+                       quantizer=q, pixel_norm=pixel_norm, stem_channels=conv_channels, head_channels=conv_channels)
     return CViViT(cfg, 3).eval()
 
 
@@ -60,8 +60,9 @@ def test_the_encoding_keeps_the_brightness_of_flat_patches():
         [k for k in normed.state_dict() if k.startswith("embed_first") and not k.startswith("embed_first.0")]
 
 
-def test_tokens_of_a_frame_do_not_depend_on_later_frames():
-    model = tiny(codebook_size=64)
+@pytest.mark.parametrize("conv_channels", [0, 8], ids=["linear ends", "conv stem and head"])
+def test_tokens_of_a_frame_do_not_depend_on_later_frames(conv_channels):
+    model = tiny(codebook_size=64, conv_channels=conv_channels)
     video = torch.rand(1, 3, 9, 16, 16) * 2 - 1  # token frames: 0 <- frame 0, 1 <- 1-2, 2 <- 3-4, 3 <- 5-6, 4 <- 7-8
     changed = video.clone()
     changed[:, :, 5:] = torch.rand(1, 3, 4, 16, 16) * 2 - 1
@@ -71,6 +72,22 @@ def test_tokens_of_a_frame_do_not_depend_on_later_frames():
     assert torch.equal(model.encode(video)[:, :3], model.encode(changed)[:, :3])
     recon, recon_changed = model.decode(model.encode(video)), model.decode(model.encode(changed))
     assert torch.equal(recon[:, :, :5], recon_changed[:, :, :5])  # the decoder is causal too
+
+
+def test_the_conv_head_starts_as_the_paper_s_linear_output_and_the_stem_sees_across_patch_borders():
+    """model.head_channels: the correction of the conv head starts at zero (its output is the linear map's first
+    channels); model.stem_channels: a pixel beside a patch's border changes that patch's embedding."""
+    model = tiny(codebook_size=64, conv_channels=8)
+    zq = torch.randn(2, 32, 3, 4, 4)
+    with_head = model.decode_latent(zq)
+    head, model.head = model.head, None
+    torch.testing.assert_close(with_head, model.decode_latent(zq)[:, :3])  # the linear map's pixel channels
+    model.head = head
+    video = torch.zeros(1, 3, 5, 16, 16)
+    nudged = video.clone()
+    nudged[:, :, 0, 0, 4] = 1.0  # the first pixel of patch (0, 1) of the first frame
+    for m, sees in ((model, True), (tiny(codebook_size=64), False)):
+        assert (not torch.allclose(m.embed(video)[:, 0, 0, 0], m.embed(nudged)[:, 0, 0, 0])) == sees  # patch (0, 0)
 
 
 def test_causal_temporal_attention_equals_the_masked_one():

@@ -296,6 +296,28 @@ def test_joint_training_step_on_images_sees_one_token_frame():
         assert torch.isfinite(loss)
 
 
+def test_first_frame_curriculum_trains_the_first_token_frame_alone_then_whole_clips():
+    """model.first_frame_steps: before it, a step's loss is the masked-token loss of each clip's first token frame
+    alone (the same as of the 1-frame clips); from it on, of the whole clips."""
+    task = task_of("model.first_frame_steps=2")
+    cfg = load_config("phenaki-debug", [])
+    clips = next(iter(build_train_batches(build_dataset(cfg.data), cfg.data, cfg.train)))
+    first = {**clips, "video": clips["video"][:, :, :1]}
+    assert task.to_tokens(first).shape == (4, 64)
+    seen = []
+    original = task.model.hidden
+    task.model.hidden = lambda ids, *args: seen.append(ids.shape) or original(ids, *args)
+    losses = {}
+    for name, batch, step in (("curriculum", clips, 1), ("one frame", first, 1), ("clips", clips, 2)):
+        torch.manual_seed(0)
+        losses[name], _ = task.loss({**batch, "rng": BatchRandom(0, 1, 0, 4, 0, 4)}, "main", step)
+    assert seen == [(4, 64), (4, 64), (4, 3 * 64)]
+    assert torch.equal(losses["curriculum"], losses["one frame"])
+    cached = {"tokens": task.to_tokens(clips), "text": clips["text"], "rng": BatchRandom(0, 1, 0, 4, 0, 4)}
+    torch.manual_seed(0)
+    assert torch.equal(task.loss(cached, "main", 1)[0], losses["one frame"])  # a token cache: its first h·w ids
+
+
 def _weights(run_dir, step):
     ckpt = run_dir / "checkpoints" / f"step-{step:06d}"
     return load_file(str(ckpt / "model.safetensors")), load_file(str(ckpt / "ema.safetensors"))
