@@ -9,12 +9,16 @@ folders. The sizes are inferred from the tensors.
   block; genforge's DiT has one, so the blocks' copies must be equal (they are in an export and in facebook/DiT-XL-2).
   The imported model embeds the timestep with DiT's frequency shift 0 where diffusers uses 1 (the one numerical
   difference, as for export).
+
+Each source's run samples as the source's own code does (`SourceSampling`): an official checkpoint as DiT's
+`sample.py`, a diffusers folder as `DiTPipeline`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from diffusers import DiTTransformer2DModel
@@ -28,6 +32,23 @@ from genforge.families.diffusion.dit import DIT_SIZES, sincos_pos_embed_2d
 SHIFT_NOTE = ("diffusers' DiTTransformer2DModel embeds the timestep with downscale_freq_shift=1, genforge's DiT (as "
               "facebookresearch/DiT) with 0: the imported model's outputs differ slightly from diffusers' "
               "(docs/interoperability.md: measured)")
+
+
+@dataclass(frozen=True)
+class SourceSampling:
+    """How the source's own code samples its weights, as `model.diffusion` keys of the imported run."""
+
+    guidance_channels: int | None  # the first this many output channels guided; None: every data channel
+    fixed_variance: Literal["small", "large"]  # the chain's variance when Σ is not learned
+
+
+# facebookresearch/DiT's sample.py: models.py's forward_with_cfg guides eps[:, :3] only ("for exact reproducibility
+# reasons"), and diffusion/__init__.py's create_diffusion(str(steps)) leaves sigma_small=False, so a DiT without
+# learned Σ samples with β_t (ModelVarType.FIXED_LARGE)
+DIT_SAMPLE_PY = SourceSampling(guidance_channels=3, fixed_variance="large")
+# diffusers' DiTPipeline guides every latent channel (noise_pred[:, :latent_channels]); a variance it takes from its
+# scheduler, not the weights, so the run keeps genforge's default
+DIT_PIPELINE = SourceSampling(guidance_channels=None, fixed_variance="small")
 
 
 @dataclass(frozen=True)
@@ -45,16 +66,24 @@ class DiTWeights:
     input_size: int  # the latent (or pixel) side the DiT was trained on
     weights: dict[str, Tensor]
 
-    def imported(self, notes: list[str]) -> Imported:
+    def imported(self, notes: list[str], sampling: SourceSampling) -> Imported:
         """The genforge run of these weights: a class-conditional (or unconditional) DiT on the ddpm objective with
-        DiT's defaults (linear β, T = 1000, ε, learned variance; 250 DDPM steps and guidance 4 for sampling)."""
+        DiT's defaults (linear β, T = 1000, ε, learned variance; 250 DDPM steps and guidance 4 for sampling), guided
+        on `sampling`'s channels and, without learned Σ, with its fixed variance."""
+        diffusion: dict[str, object] = {"objective": "ddpm", "learn_sigma": self.learn_sigma}
+        guided = sampling.guidance_channels
+        if guided is not None and guided <= self.in_channels:
+            diffusion["guidance_channels"] = guided
+        elif guided is not None and self.learn_sigma:  # fewer data channels: eps[:, :3] reaches into the variance
+            notes = [*notes, f"the source guides the first {guided} output channels, more than the model's "
+                             f"{self.in_channels} data channels: the import guides every data channel, not the "
+                             "learned variance"]
+        if not self.learn_sigma:
+            diffusion["fixed_variance"] = sampling.fixed_variance
         model = {"family": "diffusion", "backbone": {"kind": "dit", **self.size_fields()},
-                 "conditioning": "class" if self.num_classes else "none",
-                 "diffusion": {"objective": "ddpm", "learn_sigma": self.learn_sigma}}
+                 "conditioning": "class" if self.num_classes else "none", "diffusion": diffusion}
         if self.num_classes:
             model["num_classes"] = self.num_classes
-        if not self.learn_sigma:
-            model["diffusion"]["fixed_variance"] = "small"
         codes = "latent" if self.in_channels != 3 else None
         return Imported(model, self.weights, codes, self.input_size, self.num_classes, notes)
 
@@ -131,7 +160,7 @@ def read_official(path: Path, num_heads: int | None = None) -> Imported:
         from_file = from_file["ema"]
     if not isinstance(from_file, dict) or not all(isinstance(v, Tensor) for v in from_file.values()):
         raise ConfigError(f"{path} holds a {type(from_file).__name__}, not a state dict of tensors")
-    return from_official(from_file, str(path), num_heads).imported([])
+    return from_official(from_file, str(path), num_heads).imported([], DIT_SAMPLE_PY)
 
 
 def _same_in_every_block(state: dict[str, Tensor], suffix: str, depth: int, source: str) -> Tensor:
@@ -146,7 +175,7 @@ def _same_in_every_block(state: dict[str, Tensor], suffix: str, depth: int, sour
 
 def read_diffusers(folder: Path, num_heads: int | None = None) -> Imported:
     """A diffusers DiTTransformer2DModel folder as a genforge run (`num_heads` is in its config)."""
-    return from_diffusers(folder).imported([SHIFT_NOTE])
+    return from_diffusers(folder).imported([SHIFT_NOTE], DIT_PIPELINE)
 
 
 def from_diffusers(folder: Path) -> DiTWeights:
