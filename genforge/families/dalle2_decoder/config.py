@@ -17,6 +17,10 @@ from genforge.nn.unet import UNetConfig
 from genforge.text.config import TextEncoderConfig
 
 
+BLUR_SIGMA = 0.6  # DALLE2-pytorch's blur σ (pixels) of an upsampler's low-res input; DALL·E 2 gives none
+LOWRES_NOISE_SAMPLE = 0.05  # the sampling level of CDM's noise augmentation when on (docs/dalle2_decoder.md: measured)
+
+
 class StageConfig(StrictModel):
     """One U-Net of the cascade: its output size, network and diffusion, whether it is conditioned on the image
     embedding (DALL·E 2 §2.1: the base model is, its upsamplers are unconditional ADMNets sampled without guidance),
@@ -24,8 +28,9 @@ class StageConfig(StrictModel):
     attention only where `unet` asks for it (an upsampler's default: none, so the convolutional U-Net trained on
     crops samples at full size), and with the low-resolution conditioning image degraded: Gaussian blur in
     `blur_prob` of the rows (Cascaded Diffusion Models, Ho et al. 2022, §3.1: half of them) or BSR degradation
-    (`degradation: bsr`, DALL·E 2's second upsampler), then Gaussian noise augmentation of a random level, which the
-    U-Net is told (Ho et al. 2022, §4.2)."""
+    (`degradation: bsr`, DALL·E 2's second upsampler). Optionally (`lowres_noise_max`; off by default, as in DALL·E 2,
+    App. C, and DALLE2-pytorch) the degraded image is then noised to a random level the U-Net is told: CDM's Gaussian
+    conditioning augmentation (Ho et al. 2022, §4.2), which Imagen also uses."""
 
     image_size: int = Field(gt=0, description="side of this stage's output; the last stage's is data.image_size")
     unet: UNetConfig = UNetConfig()
@@ -36,19 +41,24 @@ class StageConfig(StrictModel):
                                                        "text inputs at all, sampled without guidance (one forward "
                                                        "per step); None: true for the first stage, false for "
                                                        "upsamplers (DALL·E 2 §2.1)")
-    blur_sigma: tuple[float, float] = Field((0.4, 0.6), description="upsamplers: σ (pixels) of the training blur of "
-                                                                    "the low-res image, drawn uniformly in range")
-    blur_kernel: int = Field(3, ge=1, le=15, description="upsamplers: blur kernel side (odd)")
+    blur_sigma: tuple[float, float] = Field(
+        (BLUR_SIGMA, BLUR_SIGMA), description="upsamplers: σ (pixels) of the training blur of the low-res image, drawn "
+                                              "uniformly in [lo, hi] (DALL·E 2 gives none; DALLE2-pytorch: 0.6)")
+    blur_kernel: int = Field(3, ge=1, le=15, description="upsamplers: blur kernel side (odd; DALLE2-pytorch: 3)")
     blur_prob: Annotated[float, OnResume.CHANGE] = Field(
         0.5, ge=0.0, le=1.0, description="upsamplers: share of training rows whose low-res image is blurred, drawn "
                                          "per row (Cascaded Diffusion Models §3.1, DALLE2-pytorch: 0.5; the others "
                                          "are clean, as at sampling); 1: every row")
-    lowres_noise_max: float = Field(0.2, ge=0.0, le=1.0, description="upsamplers: training noise-augmentation level "
-                                                                     "drawn uniformly in [0, this) (share of the "
-                                                                     "augmentation schedule's 1000 steps)")
-    lowres_noise_sample: Annotated[float, OnResume.CHANGE] = Field(
-        0.05, ge=0.0, le=1.0, description="upsamplers: the augmentation level used when sampling (DALLE2-pytorch: "
-                                          "0.2 of training levels in [0, 1))")
+    lowres_noise_max: float | None = Field(
+        None, ge=0.0, le=1.0, description="upsamplers: CDM's noise augmentation of the low-res input (Cascaded "
+                                          "Diffusion Models, Ho et al. 2022): in training a level drawn uniformly "
+                                          "in [0, this) (share of the augmentation schedule's 1000 steps), which the "
+                                          "U-Net is told; None: off, the input as degraded, told level 0 (DALL·E 2 "
+                                          "App. C; DALLE2-pytorch's use_noise_for_lowres_cond=False)")
+    lowres_noise_sample: Annotated[float | None, OnResume.CHANGE] = Field(
+        None, ge=0.0, le=1.0, description="upsamplers with lowres_noise_max: the augmentation level used when "
+                                          "sampling (DALLE2-pytorch: 0.2); None: 0.05 with lowres_noise_max (written "
+                                          "resolved), nothing without it")
     crop_fraction: Annotated[float | None, OnResume.CHANGE] = Field(
         None, gt=0.0, le=1.0, description="upsamplers: train on random square crops of side crop_fraction · "
                                           "image_size, each with the same region of its low-resolution input "
@@ -62,12 +72,15 @@ class StageConfig(StrictModel):
                           "upsampler, bsr for later ones (written resolved into config.yaml)")
 
     @model_validator(mode="after")
-    def _blur(self) -> "StageConfig":
+    def _lowres_degradation(self) -> "StageConfig":
         lo, hi = self.blur_sigma
         if not 0 <= lo <= hi:
             raise ValueError(f"blur_sigma={list(self.blur_sigma)} must be [lo, hi] with 0 <= lo <= hi")
         if self.blur_kernel % 2 == 0:
             raise ValueError(f"blur_kernel={self.blur_kernel} must be odd")
+        if self.lowres_noise_max is None and self.lowres_noise_sample is not None:
+            raise ValueError(f"lowres_noise_sample={self.lowres_noise_sample} is a level of CDM's noise augmentation, "
+                             "which is off (lowres_noise_max unset): set lowres_noise_max too, or unset both")
         return self
 
 
@@ -185,6 +198,8 @@ class Dalle2DecoderConfig(FamilyConfig):
         for i, stage in enumerate(self.stages):
             if stage.conditioned is None:  # resolved: the written config says what was built
                 stage.conditioned = i == 0
+            if stage.lowres_noise_max is not None and stage.lowres_noise_sample is None:
+                stage.lowres_noise_sample = LOWRES_NOISE_SAMPLE
             if i > 0:
                 self._resolve_upsampler(i, stage)
             elif stage.crop_fraction is not None or stage.degradation is not None:

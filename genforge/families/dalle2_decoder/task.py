@@ -5,9 +5,9 @@ Conditioning (DALL·E 2 §2.1) of the conditioned stages (by default the first a
 training image, L2-normalised, replaced by a learned null embedding in `image_embed_dropout` of the rows, and
 optionally the caption's text encodings, dropped in `text_dropout` of the rows; upsamplers see the image at the
 previous stage's size, blurred in `blur_prob` of the rows (App. C; Cascaded Diffusion Models, Ho et al. 2022, §3.1)
-or BSR-degraded (`degradation: bsr`, App. C), and noised at a random level they are told (§4.2); with
-`crop_fraction` they train on a random crop of the image and the same region of that input (App. C) and sample at
-full size.
+or BSR-degraded (`degradation: bsr`, App. C), and, with CDM's noise augmentation on (`lowres_noise_max`; off by
+default, as in the paper), noised at a random level they are told (Ho et al. 2022, §4.2); with `crop_fraction` they
+train on a random crop of the image and the same region of that input (App. C) and sample at full size.
 """
 
 from __future__ import annotations
@@ -135,11 +135,12 @@ class Dalle2DecoderTask(Task):
             kwargs.update(text_embed=text_embed, text_mask=text_mask, text_keep=text_keep)
         return kwargs
 
-    def lowres_input(self, image: Tensor, stage: int, noise: Tensor, level: Tensor, sigma: Tensor | None = None,
-                     blur: Tensor | None = None, bsr: BSRDraws | None = None) -> dict:
+    def lowres_input(self, image: Tensor, stage: int, noise: Tensor | None, level: Tensor | None,
+                     sigma: Tensor | None = None, blur: Tensor | None = None, bsr: BSRDraws | None = None) -> dict:
         """The upsampler's low-resolution input: `image` at the previous stage's size, degraded in training (blurred
         by σ [B] in the rows where `blur` (bool [B]; None: every row) holds, or BSR-degraded from the stage's size by
-        `bsr`'s draws), then noised to augmentation `level` [B] (long, in 0..999) with `noise`."""
+        `bsr`'s draws), then noised to augmentation `level` [B] (long, in 0..999) with `noise` (CDM's conditioning
+        augmentation); `level` None: not noised (the augmentation is off), the U-Net told level 0."""
         cfg, previous = self.cfg.stages[stage], self.cfg.stages[stage - 1].image_size
         if bsr is not None:
             low = bsr_degrade(resize(image, cfg.image_size), previous, bsr)  # [B, C, S_{i-1}, S_{i-1}]
@@ -148,25 +149,35 @@ class Dalle2DecoderTask(Task):
         if sigma is not None and cfg.blur_kernel > 1:
             blurred = gaussian_blur(low, sigma, cfg.blur_kernel)
             low = blurred if blur is None else torch.where(blur[:, None, None, None], blurred, low)
+        if level is None:
+            return {"lowres": low, "lowres_noise_level": torch.zeros(len(low), device=low.device)}
         return {"lowres": self.augmentation.q_sample(low, level, noise.to(low.dtype)),
                 "lowres_noise_level": level.float()}
 
     def draw_lowres(self, rng: BatchRandom, stage: int) -> dict[str, Any]:
         """An upsampler's training degradation of the low-res image, from the batch's random stream, as keywords of
-        `lowres_input`: augmentation level [B] below lowres_noise_max and its noise, and (degradation blur) blur σ
-        [B] in blur_sigma and which rows are blurred (bool [B], with probability blur_prob; drawn last, so blur_prob
-        = 1 leaves the other draws as they were before it) or (bsr) the BSR draws."""
+        `lowres_input`: CDM's augmentation level and noise (`draw_augmentation`; None when it is off), and
+        (degradation blur) blur σ [B] in blur_sigma and which rows are blurred (bool [B], with probability blur_prob;
+        drawn last, so blur_prob = 1 leaves the other draws as they were before it) or (bsr) the BSR draws."""
         cfg, previous = self.cfg.stages[stage], self.cfg.stages[stage - 1].image_size
         if cfg.degradation == "bsr":
-            level = (rng.rand() * cfg.lowres_noise_max * AUGMENTATION_STEPS).long()  # [B] in 0..999
-            noise = rng.randn(self.channels, previous, previous)
-            return {"level": level, "noise": noise,
-                    "bsr": draw_bsr(rng, self.channels, previous, cfg.image_size / previous)}
+            augmentation = self.draw_augmentation(rng, stage)
+            return {**augmentation, "bsr": draw_bsr(rng, self.channels, previous, cfg.image_size / previous)}
         lo, hi = cfg.blur_sigma
         sigma = lo + (hi - lo) * rng.rand()  # [B]
-        level = (rng.rand() * cfg.lowres_noise_max * AUGMENTATION_STEPS).long()  # [B] in 0..999
+        augmentation = self.draw_augmentation(rng, stage)
+        return {"sigma": sigma, **augmentation, "blur": rng.rand() < cfg.blur_prob}
+
+    def draw_augmentation(self, rng: BatchRandom, stage: int) -> dict[str, Tensor | None]:
+        """CDM's noise augmentation of an upsampler's low-res input: a level [B] in 0..999, below lowres_noise_max of
+        the schedule, and its noise [B, C, h, w], from the batch's random stream; both None when lowres_noise_max is
+        unset (off, DALL·E 2 App. C), yet drawn, so the stream's other draws do not depend on it."""
+        cfg, previous = self.cfg.stages[stage], self.cfg.stages[stage - 1].image_size
+        level = (rng.rand() * (cfg.lowres_noise_max or 0.0) * AUGMENTATION_STEPS).long()  # [B] in 0..999
         noise = rng.randn(self.channels, previous, previous)
-        return {"sigma": sigma, "level": level, "noise": noise, "blur": rng.rand() < cfg.blur_prob}
+        if cfg.lowres_noise_max is None:
+            return {"level": None, "noise": None}
+        return {"level": level, "noise": noise}
 
     def draw_crop(self, rng: BatchRandom, stage: int) -> Tensor | None:
         """A training crop per row, in the previous stage's pixels: (top, left) long [B, 2], uniform over the
@@ -327,7 +338,9 @@ class Dalle2DecoderTask(Task):
             if i > 0:
                 previous = self.cfg.stages[i - 1].image_size
                 noise = torch.randn((n, self.channels, previous, previous), generator=generator, device=generator.device)
-                level = torch.full((n,), round(stage.lowres_noise_sample * (AUGMENTATION_STEPS - 1)), device=device)
+                level = None  # CDM's augmentation off: the input as it is (the noise is drawn all the same)
+                if stage.lowres_noise_max is not None:
+                    level = torch.full((n,), round(stage.lowres_noise_sample * (AUGMENTATION_STEPS - 1)), device=device)
                 stage_kwargs.update(self.lowres_input(x, i, noise.to(device), level, sigma=None))
             x = sample_diffusion(stage.diffusion, model=self.cascade[i], shape=(n, self.channels, stage.image_size,
                                  stage.image_size), model_kwargs=stage_kwargs,

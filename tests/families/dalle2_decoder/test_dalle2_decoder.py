@@ -167,8 +167,9 @@ def test_gaussian_blur_keeps_the_mean_and_shrinks_white_noise_by_the_kernel_ener
 
 
 def test_lowres_input_is_the_blurred_image_noised_to_the_given_level():
-    """x_aug = √ᾱ_t·blur(resize(x)) + √(1 − ᾱ_t)·ε at the level t the U-Net is told."""
-    cfg, task = _task()
+    """With CDM's noise augmentation on: x_aug = √ᾱ_t·blur(resize(x)) + √(1 − ᾱ_t)·ε at the level t the U-Net is
+    told."""
+    cfg, task = _task("model.stages.1.lowres_noise_max=0.2")
     image = torch.rand(64, 3, 16, 16) * 2 - 1
     noise = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     level = torch.full((64,), 400)

@@ -1,6 +1,7 @@
 """dalle2_decoder as Ramesh et al. 2022 define it: unconditional attention-free upsamplers, the low-res blur on half
-of the rows, dynamic thresholding in the presets, the text encoder owned by one phase, one normalisation of every
-image embedding, and runs written before these defaults keeping what they trained with."""
+of the rows (DALLE2-pytorch's σ) without CDM's noise augmentation, dynamic thresholding in the presets, the laion
+preset's upsampler sampled and averaged as App. C's table, the text encoder owned by one phase, one normalisation of
+every image embedding, and runs written before these defaults keeping what they trained with."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from genforge.app.runs import build_task, make_trainer
 from genforge.core.random import BatchRandom
 from genforge.nn.unet import AttentionBlock
 from genforge.families.dalle2_decoder.config import Dalle2SampleOptions
+from genforge.families.dalle2_decoder.model import gaussian_blur, resize
 
 PRESET = "dalle2-decoder-debug"
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "runs-3f8e24e" / "dalle2_decoder"
@@ -95,9 +97,11 @@ def test_blur_is_applied_to_about_half_of_the_rows_drawn_from_the_batch_stream()
 
 
 def test_blur_prob_one_draws_as_before_so_the_former_training_is_kept():
-    """blur_prob is drawn after every draw the upsampler made before it existed: with blur_prob 1 and a conditioned
-    upsampler the loss is the former one, computed here by hand as the former code did."""
-    cfg, task = _task("model.stages.1.conditioned=true", "model.stages.1.blur_prob=1.0")
+    """blur_prob is drawn after every draw the upsampler made before it existed: with blur_prob 1, a conditioned
+    upsampler and the former noise augmentation the loss is the former one, computed here by hand as the former code
+    did."""
+    cfg, task = _task("model.stages.1.conditioned=true", "model.stages.1.blur_prob=1.0",
+                      "model.stages.1.lowres_noise_max=0.2")
     image = torch.rand(8, 3, 16, 16, generator=torch.Generator().manual_seed(2)) * 2 - 1
     loss, _ = task.loss({"image": image, "rng": BatchRandom(0, 4, 1, 8, 0, 8)}, "unet2", 4)
     rng, stage = BatchRandom(0, 4, 1, 8, 0, 8), cfg.model.stages[1]
@@ -191,6 +195,73 @@ def test_the_text_encoder_of_a_run_that_does_not_train_its_phase_does_not_change
     assert not all(torch.equal(model_3[k], model_6[k]) for k in unet2)
 
 
+# ----------------------------------------------------------- 5. the upsamplers' low-res input, and their sampling
+
+
+def _unet_inputs(task, stage: int) -> list[dict]:
+    """The keyword inputs of every forward of the cascade's U-Net `stage`, recorded as the task calls it."""
+    calls: list[dict] = []
+    task.cascade[stage].register_forward_pre_hook(lambda m, args, kw: calls.append(kw), with_kwargs=True)
+    return calls
+
+
+def test_the_built_upsampler_is_blurred_as_dalle2_pytorch_and_not_noise_augmented():
+    """The defaults of the built family (the debug preset sets none of these keys): CDM's noise augmentation off
+    (DALL·E 2 App. C; DALLE2-pytorch's use_noise_for_lowres_cond=False), blur σ 0.6 with a 3-tap kernel
+    (DALLE2-pytorch's; the paper gives none). In training every row of the U-Net's low-res input is the resized
+    image, clean or blurred by σ 0.6, with no noise, and the U-Net is told level 0; in sampling it is the previous
+    stage's image as it is."""
+    cfg, task = _task()
+    up = task.cfg.stages[1]
+    assert up.lowres_noise_max is None and up.lowres_noise_sample is None
+    assert up.blur_sigma == (0.6, 0.6) and up.blur_kernel == 3 and up.degradation == "blur"
+    calls = _unet_inputs(task, 1)
+    image = torch.rand(64, 3, 16, 16, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    task.loss({"image": image, "rng": BatchRandom(0, 0, 1, 64, 0, 64)}, "unet2", 0)
+    low = resize(image, 8)
+    blurred = gaussian_blur(low, torch.full((64,), 0.6), 3)
+    seen = calls[0]["lowres"]
+    clean_rows = (seen == low).flatten(1).all(1)
+    blurred_rows = torch.isclose(seen, blurred, atol=1e-6).flatten(1).all(1)
+    assert bool((clean_rows | blurred_rows).all()) and clean_rows.any() and blurred_rows.any()
+    assert torch.equal(calls[0]["lowres_noise_level"], torch.zeros(64))
+    task.eval()
+    given = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    task.sample({"image": given}, torch.Generator().manual_seed(0), 2,
+                task.resolve(Dalle2SampleOptions(start_stage=2)))
+    assert len(calls) > 1 and all(torch.equal(c["lowres"], given) for c in calls[1:])
+    assert all(torch.equal(c["lowres_noise_level"], torch.zeros(2)) for c in calls[1:])
+
+
+def test_cdm_noise_augmentation_is_an_option():
+    """lowres_noise_max set: the training input is noised (neither clean nor blurred) at levels below it, and
+    sampling uses lowres_noise_sample, 0.05 when unset (written resolved); a sampling level without the augmentation
+    is refused naming both keys."""
+    cfg, task = _task("model.stages.1.lowres_noise_max=0.2")
+    assert cfg.model.stages[1].lowres_noise_sample == 0.05
+    assert cfg.model_dump(mode="json")["model"]["stages"][1]["lowres_noise_sample"] == 0.05
+    calls = _unet_inputs(task, 1)
+    image = torch.rand(64, 3, 16, 16, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    task.loss({"image": image, "rng": BatchRandom(0, 0, 1, 64, 0, 64)}, "unet2", 0)
+    level = calls[0]["lowres_noise_level"]
+    assert level.max() < 200 and level.max() > 0
+    assert not (calls[0]["lowres"] == resize(image, 8)).flatten(1).all(1).any()
+    with pytest.raises(Exception, match="lowres_noise_sample=0.1 .*lowres_noise_max unset"):
+        load_config(PRESET, ["model.stages.1.lowres_noise_sample=0.1"])
+
+
+def test_the_laion_preset_samples_and_averages_its_upsampler_as_the_papers_table():
+    """dalle2-decoder-laion, as built: the 64 -> 256 upsampler samples with DDIM in 27 steps and its phase averages
+    its weights with EMA decay 0.9999 (DALL·E 2 App. C's table), is not noise-augmented and blurs with σ 0.6; the
+    base stage keeps DALLE2-pytorch's example (250 steps, EMA 0.99)."""
+    cfg = load_config("dalle2-decoder-laion")
+    base, up = cfg.model.stages
+    assert (up.diffusion.sampler, up.diffusion.sample_steps) == ("ddim", 27)
+    assert cfg.train.for_phase("unet2").ema_decay == 0.9999 and cfg.train.for_phase("unet1").ema_decay == 0.99
+    assert up.lowres_noise_max is None and up.blur_sigma == (0.6, 0.6) and up.blur_kernel == 3
+    assert base.diffusion.sample_steps == 250
+
+
 # -------------------------------------------------------------------------------- 6. embedding normalisation
 
 
@@ -253,6 +324,9 @@ def test_a_run_written_before_the_paper_defaults_keeps_its_cascade():
     assert [s.conditioned for s in old.model.stages] == [True, True]
     assert [s.blur_prob for s in old.model.stages] == [1.0, 1.0] and not old.model.embedder.normalize
     assert old.model.stages[1].diffusion.dynamic_threshold is None
+    # and the upsampler's input as it trained: CDM's noise augmentation on (0.2, sampled at 0.05), σ in [0.4, 0.6]
+    assert [(s.lowres_noise_max, s.lowres_noise_sample, s.blur_sigma) for s in old.model.stages] == \
+        [(0.2, 0.05, (0.4, 0.6))] * 2
     new = load_config(PRESET)
     dumped = new.model_dump(mode="json")
     assert [s["conditioned"] for s in dumped["model"]["stages"]] == [True, False]
