@@ -69,6 +69,8 @@ class RunConfig(StrictModel):
                              "length (a video generator such as phenaki does)")
         if self.eval.metrics is None:
             self.eval.metrics = list(traits.metrics)
+        if self.train.grad_clip is None:  # the family's (its seed trainer's), written into config.yaml as resolved
+            self.train.grad_clip = traits.grad_clip
         try:
             check_metrics(self.eval.metrics, traits.roles)
         except ValueError as err:

@@ -264,8 +264,10 @@ class OptimizerSettings(StrictModel):
                                                              "0.98)")
     lr_decay_every: Annotated[int, OnResume.CHANGE] = Field(100, ge=1, description="lr_schedule=exponential: "
                                                             "optimizer steps between decays (DALLE-pytorch 100)")
-    grad_clip: Annotated[float, OnResume.CHANGE] = Field(1.0, ge=0.0, description="max global grad norm; 0 "
-                                                         "disables")
+    grad_clip: Annotated[float | None, OnResume.CHANGE] = Field(
+        None, ge=0.0, description="max global grad norm; 0: no clipping; unset: the family's default "
+                                  "(FamilyTraits.grad_clip: its seed trainer's where that sets one, else 1.0; the "
+                                  "README's family table), written resolved into config.yaml")
     ema_decay: Annotated[float, OnResume.CHANGE] = Field(0.9999, ge=0.0, lt=1.0, description="the decay of "
                                                          "train.ema.kind=exponential (unused by kind=power)")
 
@@ -419,12 +421,15 @@ class TrainConfig(OptimizerSettings):
         (500 when that is 0)."""
         return self.ema.snapshot_every or self.checkpoint_every or 500
 
-    def for_phase(self, phase: str) -> "TrainConfig":
-        """This section with `train.phases.<phase>`'s settings in place of its own."""
+    def for_phase(self, phase: str, grad_clip: float | None = None) -> "TrainConfig":
+        """This section with `train.phases.<phase>`'s settings in place of its own; `grad_clip` is the clipping of
+        a section that leaves it unset (a section built by hand, not through a run config: the family's,
+        FamilyTraits.grad_clip)."""
+        update = {"grad_clip": grad_clip} if self.grad_clip is None and grad_clip is not None else {}
         overrides = self.phases.get(phase)
-        if overrides is None:
-            return self
-        return self.model_copy(update=overrides.model_dump(exclude_none=True))
+        if overrides is not None:
+            update.update(overrides.model_dump(exclude_none=True))
+        return self.model_copy(update=update) if update else self
 
     def check_phases(self, phases: tuple[str, ...]) -> None:
         """ConfigError when `train.phases` names a phase the task does not have."""

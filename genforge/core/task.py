@@ -67,6 +67,9 @@ class FamilyTraits:
     # "tokenizer" (+ "discrete" for token ids); "embedder"
     roles: tuple[str, ...] = ("generator",)
     metrics: tuple[str, ...] = ()  # eval.metrics by default
+    # train.grad_clip by default (0: no clipping): the max grad norm of the family's seed trainer where it sets one
+    # (DiT's train.py: none; DALLE2-pytorch: 0.5), else genforge's 1.0; a run's config.yaml holds the value it used
+    grad_clip: float = 1.0
     sample_options: type[SampleOptions] = SampleOptions  # its `genforge sample` options: the common ones + its own
     # the classes of the blocks its networks stack (classes, or "module:Class" imported on first use):
     # train.sharding=fsdp shards them one by one, train.compile compiles them, model.grad_checkpointing recomputes them

@@ -132,7 +132,8 @@ class Trainer:
             shard_task(task, acc.device, tc.precision)
         if tc.compile:  # after sharding: FSDP2's hooks stay around the compiled forwards
             task.compile_blocks()
-        self.phase_train = {p: tc.for_phase(p) for p in task.phases}  # train.phases.<p> applied
+        # train.phases.<p> applied; a train section built by hand without grad_clip clips as the task's family does
+        self.phase_train = {p: tc.for_phase(p, task.traits.grad_clip) for p in task.phases}
         optimizers = {p: build_optimizer(task.parameters_for(p), self.phase_train[p], acc.device) for p in task.phases}
         schedulers = {p: build_scheduler(o, self.phase_train[p]) for p, o in optimizers.items()}
         self.parallel_task: nn.Module = task  # what the step calls: the task, DDP-wrapped on several processes

@@ -9,4 +9,5 @@ from genforge.families.dalle2_decoder.config import Dalle2DecoderConfig, Dalle2S
 register_family(Dalle2DecoderConfig, "genforge.families.dalle2_decoder.task:Dalle2DecoderTask",
                 Path(__file__).parent / "presets",
                 traits=FamilyTraits(metrics=("fid",), sample_options=Dalle2SampleOptions,
-                                    block_types=("genforge.nn.unet:ResBlock", "genforge.nn.unet:AttentionBlock")))
+                                    block_types=("genforge.nn.unet:ResBlock", "genforge.nn.unet:AttentionBlock"),
+                                    grad_clip=0.5))  # DALLE2-pytorch's DecoderTrainConfig.max_grad_norm

@@ -10,4 +10,5 @@ from genforge.families.dalle2_prior.config import Dalle2PriorConfig, Dalle2Prior
 register_family(Dalle2PriorConfig, "genforge.families.dalle2_prior.task:Dalle2PriorTask",
                 Path(__file__).parent / "presets",
                 traits=FamilyTraits(metrics=("prior_similarity",), sample_options=Dalle2PriorSampleOptions,
-                                    block_types=("genforge.nn.attention:PreNormBlock",)))
+                                    block_types=("genforge.nn.attention:PreNormBlock",),
+                                    grad_clip=0.5))  # DALLE2-pytorch's DiffusionPriorTrainConfig.max_grad_norm

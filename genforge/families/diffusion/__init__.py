@@ -15,4 +15,5 @@ register_family(DiffusionModelConfig, "genforge.families.diffusion.task:Diffusio
                 traits=FamilyTraits(metrics=("judge",), block_types=("genforge.families.diffusion.dit:DiTBlock",
                                                                       "genforge.nn.unet:ResBlock",
                                                                       "genforge.nn.unet:AttentionBlock",
-                                                                      "genforge.nn.mp_unet:MPBlock")))
+                                                                      "genforge.nn.mp_unet:MPBlock"),
+                                    grad_clip=0.0))  # facebookresearch/DiT train.py does not clip

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from genforge.tokenizers.config import PerceptualConfig, TokenizerConfig
 
 
-SEED_ANNEAL_EVERY = 100  # DALLE-pytorch's train_vae.py anneals τ after every 100th step (`if i % 100 == 0`)
+SEED_ANNEAL_EVERY = 100  # DALLE-pytorch's train_vae.py anneals τ after each 100th batch of an epoch (`i % 100 == 0`)
 
 
 class DVAEConfig(TokenizerConfig):
@@ -36,7 +36,8 @@ class DVAEConfig(TokenizerConfig):
                               "1/16 over 150 000 updates); legacy_exp: max(temperature_min, temperature_start · "
                               "exp(−anneal_rate · step)) (genforge's before this key; an old run's config.yaml means "
                               "it); compounding: DALLE-pytorch train_vae.py's, τ multiplied by exp(−anneal_rate · g) "
-                              "after every 100th step g, floored at temperature_min")
+                              "after every 100th step g of each epoch (anneal_epoch_steps), floored at "
+                              "temperature_min")
     temperature_start: float = Field(1.0, gt=0.0, description="Gumbel-softmax temperature at step 0")
     temperature_min: float = Field(1 / 16, gt=0.0, description="the final τ of cosine/exponential, the floor of "
                                                                "legacy_exp (DALL·E 1/16; DALLE-pytorch 0.5)")
@@ -46,6 +47,12 @@ class DVAEConfig(TokenizerConfig):
     anneal_rate: float = Field(1e-6, ge=0.0, description="legacy_exp and compounding: the rate r of their "
                                                          "exponentials (DALLE-pytorch 1e-6); setting it needs "
                                                          "temperature_schedule set too")
+    anneal_epoch_steps: int | None = Field(
+        None, ge=1, description="compounding: the optimizer steps of one epoch of the seed's loop (DALLE-pytorch "
+                                "train_vae.py counts its 100 steps by the batch index i within each epoch, `if i % "
+                                "100 == 0`: B batches per epoch anneal after the global steps e·B + 100·j, 100·j < B; "
+                                "one process: B = ⌈images / batch size⌉); unset: one endless epoch, after the global "
+                                "steps 0, 100, 200, ... (the same whenever B is a multiple of 100)")
     kl_weight: float = Field(0.0, ge=0.0, description="weight of KL(q(z|x) ‖ uniform) in nats per code position "
                                                       "(DALLE-pytorch's kl_div_loss_weight · h · w)")
     kl_warmup_steps: int = Field(0, ge=0, description="the KL weight rises linearly from 0 over these steps")
@@ -62,7 +69,9 @@ class DVAEConfig(TokenizerConfig):
                              "exp(−rate · step), which leaves τ near 1 at the seed's rate)")
         rated = self.temperature_schedule in ("legacy_exp", "compounding")
         for name, applies, where in (("anneal_rate", rated, "legacy_exp and compounding"),
-                                     ("temperature_anneal_steps", not rated, "cosine and exponential")):
+                                     ("temperature_anneal_steps", not rated, "cosine and exponential"),
+                                     ("anneal_epoch_steps", self.temperature_schedule == "compounding",
+                                      "compounding")):
             default = type(self).model_fields[name].default
             if not applies and getattr(self, name) != default:
                 raise ValueError(f"model.{name}={getattr(self, name)} applies to model.temperature_schedule={where} "
@@ -78,18 +87,35 @@ class DVAEConfig(TokenizerConfig):
         exponential  τ = τ_start · (τ_min / τ_start)^p                    (geometric: a constant ratio per step)
         legacy_exp   τ = max(τ_min, τ_start · exp(−anneal_rate · step))   (DALLE-pytorch's rate in closed form)
         compounding  τ = max(τ_min, τ_start · exp(−anneal_rate · Σ g))     (DALLE-pytorch train_vae.py: τ ← τ ·
-                     exp(−r·g) after each step g = 0, 100, 200, ... before `step`: Σ g = 100 · K(K + 1)/2 with
-                     K = ⌊(step − 1)/100⌋; the floor commutes with the products since τ only falls)"""
+                     exp(−r·g) after each annealing step g before `step`, `seed_anneal_sum`; the floor commutes
+                     with the products since τ only falls)"""
         start, end = self.temperature_start, self.temperature_min
         if self.temperature_schedule == "legacy_exp":
             return max(end, start * math.exp(-self.anneal_rate * step))
         if self.temperature_schedule == "compounding":
-            k = max(0, (step - 1) // SEED_ANNEAL_EVERY)  # the anneals after steps 100, ..., 100k
-            return max(end, start * math.exp(-self.anneal_rate * SEED_ANNEAL_EVERY * k * (k + 1) / 2))
+            return max(end, start * math.exp(-self.anneal_rate * self.seed_anneal_sum(step)))
         progress = min(1.0, step / self.temperature_anneal_steps)
         if self.temperature_schedule == "cosine":
             return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
         return start * (end / start) ** progress
+
+    def seed_anneal_sum(self, step: int) -> int:
+        """Σ g over the global steps g < `step` after which DALLE-pytorch's train_vae.py anneals τ by exp(−r·g): those
+        whose batch index i within its epoch has i % 100 == 0, i.e. g = e·B + 100·j with 100·j < B for epochs of
+        B = anneal_epoch_steps batches. Closed form, with t = step − 1 = E·B + o the last step taken and J = ⌈B/100⌉
+        anneals per epoch: Σ_(e<E) (J·e·B + 100·J(J − 1)/2) + Σ_(j ≤ ⌊o/100⌋) (E·B + 100·j). Unset B: one endless
+        epoch, g = 0, 100, ..., 100·K with K = ⌊t/100⌋, Σ g = 100·K(K + 1)/2."""
+        if step <= 0:
+            return 0
+        every, epoch = SEED_ANNEAL_EVERY, self.anneal_epoch_steps
+        if epoch is None:
+            k = (step - 1) // every
+            return every * k * (k + 1) // 2
+        epochs, offset = divmod(step - 1, epoch)
+        per_epoch = -(-epoch // every)  # i = 0, 100, ... < B
+        done = per_epoch * epoch * epochs * (epochs - 1) // 2 + epochs * every * per_epoch * (per_epoch - 1) // 2
+        m = offset // every  # this epoch's anneals so far: i = 0, 100, ..., 100·m
+        return done + (m + 1) * epochs * epoch + every * m * (m + 1) // 2
 
     def kl_weight_at(self, step: int) -> float:
         """The KL weight at `step`: linear warm-up from 0 over kl_warmup_steps, then kl_weight."""

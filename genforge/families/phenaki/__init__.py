@@ -7,4 +7,6 @@ from genforge.families.phenaki.config import PhenakiConfig, PhenakiSampleOptions
 from genforge.masked.config import MASKED_TRAITS
 
 register_family(PhenakiConfig, "genforge.families.phenaki.task:PhenakiTask", Path(__file__).parent / "presets",
-                traits=MASKED_TRAITS.but(metrics=("judge", "direction"), sample_options=PhenakiSampleOptions))
+                # train.grad_clip 0: phenaki-pytorch's PhenakiTrainer does not clip (max_grad_norm=None)
+                traits=MASKED_TRAITS.but(metrics=("judge", "direction"), sample_options=PhenakiSampleOptions,
+                                         grad_clip=0.0))

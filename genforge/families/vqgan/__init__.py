@@ -9,4 +9,5 @@ from genforge.tokenizers.config import DIFFUSERS_BLOCKS, DISCRETE_TOKENIZER_TRAI
 register_family(VQGANConfig, "genforge.families.vqgan.task:VQGANTask", Path(__file__).parent / "presets",
                 exporters={"diffusers": "genforge.families.vqgan.export:to_diffusers"},
                 codec_loaders={"VQModel": "genforge.families.vqgan.diffusers_codec:codec_from_diffusers"},
-                traits=DISCRETE_TOKENIZER_TRAITS.but(block_types=DIFFUSERS_BLOCKS))
+                # no clipping: muse-maskgit-pytorch's VQGanVAETrainer (max_grad_norm, discr_max_grad_norm = None)
+                traits=DISCRETE_TOKENIZER_TRAITS.but(block_types=DIFFUSERS_BLOCKS, grad_clip=0.0))

@@ -70,8 +70,9 @@ def test_training_stage_2_leaves_stage_1_unchanged(tmp_path):
 
 
 def test_phases_get_their_own_optimizer_settings(tmp_path):
-    """train.phases.unet2 (lr 2e-3, clip 0.5 in the preset) reaches unet2's optimizer only."""
-    trainer = make_trainer(load_config(PRESET, ["train.steps=1"]), tmp_path)
+    """train.phases.unet2 (lr 2e-3, clip 0.5 in the preset) reaches unet2's optimizer only (the train section's clip
+    set to 1.0 here: the family's default is 0.5 too)."""
+    trainer = make_trainer(load_config(PRESET, ["train.steps=1", "train.grad_clip=1.0"]), tmp_path)
     assert {g["lr"] for g in trainer.state.optimizers["unet1"].param_groups} == {1e-3}
     assert {g["lr"] for g in trainer.state.optimizers["unet2"].param_groups} == {2e-3}
     assert trainer.phase_train["unet2"].grad_clip == 0.5 and trainer.phase_train["unet1"].grad_clip == 1.0

@@ -119,6 +119,33 @@ def test_compounding_is_the_seeds_loop_and_far_from_the_closed_form():
     assert table[100_000] == pytest.approx((floor, 0.90484, 0.29688), abs=1e-5)
 
 
+@pytest.mark.parametrize("epoch", [1, 50, 130, 250, 625])
+def test_compounding_counts_its_100_batches_within_each_epoch_as_the_seed(epoch):
+    """DALLE-pytorch train_vae.py anneals after each batch whose index i within its epoch has i % 100 == 0, by
+    exp(−r·g) at the global step g: `anneal_epoch_steps` = its batches per epoch gives that loop step by step."""
+    r, floor = 1e-5, 1 / 16
+    seed = DVAEConfig(temperature_schedule="compounding", anneal_rate=r, temperature_min=floor,
+                      anneal_epoch_steps=epoch)
+    temp, g = 1.0, 0
+    while g < 3_000:
+        for i in range(epoch):  # the seed's loop: the temperature each step trains with, then its anneal
+            assert seed.temperature(g) == pytest.approx(temp, rel=1e-12), (g, i)
+            if i % 100 == 0:
+                temp = max(temp * math.exp(-r * g), floor)
+            g += 1
+
+
+def test_compounding_epochs_of_a_multiple_of_100_steps_are_the_endless_count_and_625_the_documented_one():
+    def tau(**epoch):
+        return DVAEConfig(temperature_schedule="compounding", anneal_rate=1e-6, temperature_min=1 / 16, **epoch)
+
+    assert all(tau(anneal_epoch_steps=300).temperature(s) == tau().temperature(s) for s in range(0, 30_000, 7))
+    shapes = tau(anneal_epoch_steps=625)  # docs/dvae.md: 20 000 images at batch 32
+    assert (shapes.temperature(1_000), shapes.temperature(10_000)) == pytest.approx((0.99481, 0.57201), abs=1e-5)
+    assert shapes.temperature(22_275) > 1 / 16 == shapes.temperature(22_276)
+    assert tau().temperature(23_500) > 1 / 16 == tau().temperature(23_501)
+
+
 def test_a_new_runs_resolved_config_keeps_its_schedule(tmp_path):
     cfg = load_config("dvae-debug", ["model.temperature_schedule=exponential"])
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))  # holds anneal_rate (its default) and the schedule
@@ -240,6 +267,7 @@ def test_logs_and_preview_rows():
 @pytest.mark.parametrize("overrides, field", [
     (["model.anneal_rate=0.01"], "model.anneal_rate"),  # the preset's schedule is cosine
     (["model.temperature_schedule=legacy_exp"], "model.temperature_anneal_steps"),
+    (["model.anneal_epoch_steps=100"], "model.anneal_epoch_steps"),  # compounding's only
     (["model.temperature_schedule=linear"], "model.temperature_schedule"),
     (["model.temperature_anneal_steps=0"], "model.temperature_anneal_steps"),
     (["model.temperature_min=2.0"], "model.temperature_min"),
