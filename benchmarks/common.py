@@ -50,6 +50,26 @@ def doc_parser(doc: str) -> argparse.ArgumentParser:
                                    epilog="\n\n".join(rest))
 
 
+def run_table_args(doc: str, tool: str, probe_steps: int, argv: list[str] | None,
+                   extra: Callable[[argparse.ArgumentParser], None] = lambda parser: None) -> argparse.Namespace:
+    """The arguments of a table over run directories (benchmarks/lever_table.py, video_levers.py): the runs, the step
+    probe's threads and steps, --no-probe, and `extra`'s; exit 2 naming the arguments that are not run directories;
+    torch set to the probe's threads."""
+    parser = doc_parser(doc)
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories with RUN/eval/<step>.json")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the step probe")
+    parser.add_argument("--probe-steps", type=int, default=probe_steps)
+    parser.add_argument("--no-probe", action="store_true", help="use each run's logged samples/s")
+    extra(parser)
+    args = parser.parse_args(argv)
+    missing = [str(run) for run in args.runs if not (run / "config.yaml").is_file()]
+    if missing:
+        print(f"{tool}: not a run directory (no config.yaml): {', '.join(missing)}", file=sys.stderr)
+        sys.exit(2)
+    torch.set_num_threads(args.threads)
+    return args
+
+
 def train_one_step(preset: str, overrides: list[str], run_dir: Path) -> Path:
     """A run of `preset` (+ `overrides`) trained for one step, quietly: an input run (a tokenizer, a CLIP) whose
     networks a benchmark times, not what they learned."""

@@ -19,10 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import yaml
 
-from common import ModelSpec, bench_trainer, doc_parser, time_trainer
+from common import ModelSpec, bench_trainer, run_table_args, time_trainer
 
 THRESHOLDS = (0.95, 0.99)
 
@@ -84,17 +83,7 @@ HEADER = ["run", "steps to 0.95", "steps to 0.99", "images to 0.95", "images to 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = doc_parser(__doc__)
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories trained with eval.every")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the step probe")
-    parser.add_argument("--probe-steps", type=int, default=30)
-    parser.add_argument("--no-probe", action="store_true", help="use each run's logged samples/s")
-    args = parser.parse_args(argv)
-    missing = [str(run) for run in args.runs if not (run / "config.yaml").is_file()]
-    if missing:
-        print(f"lever_table: not a run directory (no config.yaml): {', '.join(missing)}", file=sys.stderr)
-        sys.exit(2)
-    torch.set_num_threads(args.threads)
+    args = run_table_args(__doc__, "lever_table", 30, argv)
     rows = []
     for run in args.runs:
         curve = read_curve(run)

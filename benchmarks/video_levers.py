@@ -17,10 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 import yaml
 
-from common import doc_parser
+from common import run_table_args
 from lever_table import logged_step_seconds, probed_step_seconds
 
 COLUMNS = {  # header -> the result key of genforge eval
@@ -76,18 +75,8 @@ def cell(result: dict, key: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = doc_parser(__doc__)
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories with RUN/eval/<step>.json")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the step probe")
-    parser.add_argument("--probe-steps", type=int, default=20)
-    parser.add_argument("--no-probe", action="store_true", help="use each run's logged samples/s")
-    parser.add_argument("--curve", action="store_true", help="a row for every evaluation of a run")
-    args = parser.parse_args(argv)
-    missing = [str(run) for run in args.runs if not (run / "config.yaml").is_file()]
-    if missing:
-        print(f"video_levers: not a run directory (no config.yaml): {', '.join(missing)}", file=sys.stderr)
-        sys.exit(2)
-    torch.set_num_threads(args.threads)
+    args = run_table_args(__doc__, "video_levers", 20, argv, lambda parser: parser.add_argument(
+        "--curve", action="store_true", help="a row for every evaluation of a run"))
     reference = config_of(args.runs[0])
     header = ["run", "change", "step", "ms/step", "minutes", *COLUMNS]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))

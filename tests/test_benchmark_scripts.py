@@ -17,6 +17,7 @@ from genforge.eval.judge import judge_cache_path, save_judge, train_judge
 
 import gpu_video  # benchmarks/ (on pytest's pythonpath)
 import lever_table
+import video_levers
 import peer_diffusers as peer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,4 +284,26 @@ def test_lever_table_reads_each_curve_and_prices_its_steps(tmp_path, capsys):
     assert probed[0] == "fast" and float(probed[5]) > 0
     with pytest.raises(SystemExit) as exit_info:
         lever_table.main([str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+
+
+# ------------------------------------------------------------------ benchmarks/video_levers.py (issue 57)
+def test_video_levers_names_each_rows_change_and_reads_every_evaluation(tmp_path, capsys):
+    base = _lever_run(tmp_path, "base", {1000: 0.4}, batch=8)
+    row = _lever_run(tmp_path, "row", {}, batch=8)
+    cfg = load_config(str(row / "config.yaml"), ["model.diffusion.sample_steps=7"])
+    (row / "config.yaml").write_text(to_yaml(cfg))
+    for step, psnr in ((500, 20.0), (1000, 25.5)):
+        (row / "eval" / f"{step}.json").write_text(json.dumps({"step": step, "psnr": psnr, "judge_kind_accuracy": 0.5,
+                                                               "direction_accuracy": 1.0}))
+    video_levers.main([str(base), str(row), "--no-probe", "--curve"])
+    rows = [cells(line) for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[:5] for r in rows] == [["base", "(reference)", "1000", "500", "8.3"],
+                                     ["row", "model.diffusion.sample_steps=7", "500", "500", "4.2"],
+                                     ["row", "model.diffusion.sample_steps=7", "1000", "500", "8.3"]]
+    assert rows[2][5:] == ["25.50", "-", "0.500", "-", "1.000", "-"]  # PSNR, judge, kind, colour, direction, still
+    video_levers.main([str(row), "--no-probe"])  # the last evaluation only
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    with pytest.raises(SystemExit) as exit_info:
+        video_levers.main([str(tmp_path / "missing")])
     assert exit_info.value.code == 2
