@@ -171,11 +171,12 @@ class DataConfig(StrictModel):
     """Where samples come from and how they are preprocessed."""
 
     source: str = Field("shapes", description="a registered data source (genforge.data): shapes, folder, shards, "
-                                              "parquet, cache")
+                                              "parquet, arrow, cache")
     path: str | None = Field(None, description="image folder (source=folder), webdataset shards: a path or URL "
                                                "with braces, e.g. data/train-{000000..000127}.tar, several "
                                                "joined by '::' (source=shards), parquet files: paths, globs "
-                                               "or brace patterns (source=parquet), or a folder written by "
+                                               "or brace patterns (source=parquet), a folder written by "
+                                               "datasets' save_to_disk (source=arrow), or a folder written by "
                                                "`genforge encode` (source=cache)")
     image_size: int = Field(32, ge=8, le=4096)
     flip: bool = Field(True, description="random horizontal flip")
@@ -184,6 +185,12 @@ class DataConfig(StrictModel):
                                                                   "(shards, by a seeded permutation)")
     test_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="held-out test share, split like val_fraction")
     split_seed: int = Field(0, ge=0, description="seed of the train / val / test split (folder, shards)")
+    split: str = Field("train", pattern=r"^\w+(\.\w+)*$",
+                       description="the named split that trains, of data with splits as Hugging Face datasets names "
+                                   "them (folder, parquet, arrow: split folders train/ validation/ test/, files named "
+                                   "by split, data/<split>-NNNNN-of-NNNNN.parquet, a save_to_disk DatasetDict); "
+                                   "held-out images (evaluation, FID's reference) come from its test split, else "
+                                   "its validation split")
     num_workers: Annotated[int, OnResume.CHANGE] = Field(2, ge=0, le=64,
                                                          description="decoding worker processes per rank")
     max_bad_fraction: Annotated[float, OnResume.CHANGE] = Field(
@@ -199,16 +206,19 @@ class DataConfig(StrictModel):
                                                        "numbered like the record's shard is its image_embed")
     embed_index_width: int = Field(4, ge=1, le=12, description="source=shards with image_embeds: digits of a record "
                                                                 "key that give its row (img2dataset: 4)")
-    image_column: str = Field("image", min_length=1, description="source=parquet: the column of the encoded images "
-                                                                 "(a Hugging Face Image: a struct of bytes and path, "
-                                                                 "or binary)")
-    caption_column: str = Field("text", min_length=1, description="source=parquet, and a folder's metadata.jsonl / "
-                                                                  ".csv: the caption column (data without it has no "
+    image_column: str = Field("image", min_length=1, description="source=parquet / arrow: the column of the encoded "
+                                                                 "images (a Hugging Face Image: a struct of bytes and "
+                                                                 "path, or binary); a folder's metadata: its file "
+                                                                 "column, file_name for image, else <image_column>"
+                                                                 "_file_name")
+    caption_column: str = Field("text", min_length=1, description="source=parquet / arrow, and a folder's metadata: "
+                                                                  "the caption column, strings or lists of strings "
+                                                                  "(one drawn per sample; data without it has no "
                                                                   "captions)")
-    label_column: str | None = Field(None, min_length=1, description="source=parquet, and a folder's metadata.jsonl "
-                                                                     "/ .csv: the class-label column (unset: a "
-                                                                     "folder's class sub-folders, parquet's one "
-                                                                     "ClassLabel column)")
+    label_column: str | None = Field(None, min_length=1, description="source=parquet / arrow, and a folder's "
+                                                                     "metadata: the class-label column (unset: a "
+                                                                     "folder's class sub-folders when it has no "
+                                                                     "metadata, a table's one ClassLabel column)")
     shapes: ShapesConfig = ShapesConfig()
     video: VideoConfig = VideoConfig()
     images: JointImagesConfig | None = Field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -13,7 +13,11 @@ from torch.utils.data import Dataset, IterableDataset
 
 from genforge.core.config import DataConfig
 from genforge.core.registry import DATA_SOURCES
+from genforge.core.status import console
 from genforge.core.task import Batch
+from genforge.data.splits import DEFAULT_SPLIT, HELDOUT_SPLITS
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,10 @@ class BadDataError(ValueError):
 
 # What each condition field is, and where a sample gets it, for errors naming a missing one
 FIELD_HELP = {
-    "label": "a class label (shards: .cls or the .json's label; a folder: class sub-folders or its metadata's "
-             "data.label_column; parquet: the data.label_column column)",
-    "text": "a caption (shards: .txt or the .json's caption; a folder: its metadata.jsonl's data.caption_column or "
-            "a sidecar <stem>.txt per image; parquet: the data.caption_column column)",
+    "label": "a class label (shards: .cls or the .json's label; a folder without metadata: class sub-folders, two or "
+             "more, every image at one depth; a folder's metadata or parquet / arrow: the data.label_column column)",
+    "text": "a caption (shards: .txt or the .json's caption; a folder: its metadata's data.caption_column or "
+            "a sidecar <stem>.txt per image; parquet / arrow: the data.caption_column column)",
     "image_embed": "an image embedding (shards: a 1-D .npy or data.image_embeds)",
     "latent": "a latent (shards: a 3-D .npy; a cache written by `genforge encode`)",
     "direction": "a motion direction (moving shapes)",
@@ -70,11 +74,15 @@ class DataSource:
     CONDITION_FIELDS = ("text", "label", "direction")  # what a sample conditions a generator on
     column_fields: tuple[str, ...] = ()  # the data.*_column fields it reads (tables: metadata files, parquet)
     COLUMN_FIELDS = ("image_column", "caption_column", "label_column")
+    named_splits: bool = False  # its data may have named splits (split folders, files named by split): data.split
 
     def check(self, cfg: DataConfig) -> None:
         """Config checks of this source (ValueError naming the field)."""
         if self.path_help is not None and not cfg.path:
             raise ValueError(f"data.path ({self.path_help}) is required when data.source is {self.name!r}")
+        if cfg.split != DEFAULT_SPLIT and not self.named_splits:
+            raise ValueError(f"data.split={cfg.split!r} applies to data with named splits (data.source folder, "
+                             f"video_folder, parquet, arrow), not data.source={self.name}")
         for name in self.COLUMN_FIELDS:
             if name not in self.column_fields and getattr(cfg, name) != type(cfg).model_fields[name].default:
                 raise ValueError(f"data.{name} is not read by data.source={self.name} (only by sources of tables: "
@@ -84,9 +92,27 @@ class DataSource:
         """The data set of `split` ("train" or "val"); FileNotFoundError/ValueError for a bad path."""
         raise NotImplementedError
 
+    def resolved(self, cfg: DataConfig) -> "DataSource":
+        """The source that reads `cfg`'s data: itself, or another the data turns out to be (a folder or parquet path
+        that holds a `save_to_disk` data set is read by the arrow source)."""
+        return self
+
+    def split_names(self, cfg: DataConfig) -> list[str]:
+        """The named splits of the data (split folders, files named by split), [] when it has none."""
+        return []
+
     def heldout_split(self, cfg: DataConfig) -> str:
-        """The split tokenizers are scored on and previews are drawn from: "val" when there is one, else "train"."""
-        return "val" if cfg.val_fraction > 0 else "train"
+        """The split tokenizers are scored on, previews drawn from and FID's reference taken from: the data's named
+        held-out split ("test", else "validation") other than data.split, else "val" when data.val_fraction holds
+        one out, else "train"."""
+        names = self.split_names(cfg)
+        named = next((name for name in HELDOUT_SPLITS if name in names and name != cfg.split), None)
+        return named or ("val" if cfg.val_fraction > 0 else "train")
+
+    def notes(self, dataset: Dataset) -> list[str]:
+        """What the run's start and closing summary say about the data set beyond its samples (images a folder's
+        metadata leaves out)."""
+        return []
 
     def info(self, dataset: Dataset, cfg: DataConfig) -> DataInfo:
         """What the model needs to know about `dataset` (built from `cfg`)."""
@@ -114,7 +140,12 @@ class DataSource:
         `text`, `direction`, `image_embed`, `key` where the source has them). With `spread`, n samples evenly spaced
         over a larger indexable split instead (an image folder lists its classes in turn: the first n would all be of
         the first class); a stream is always read from its start, lazily (only the first n are decoded)."""
-        dataset = self.build(cfg, self.heldout_split(cfg), False, None)
+        split = self.heldout_split(cfg)
+        if split in self.split_names(cfg) and (cfg.path, split) not in _SAID:  # say it once a process
+            _SAID.add((cfg.path, split))
+            console().info(f"held-out samples (evaluation, FID reference, previews): the {split!r} split of "
+                           f"{cfg.path} (data.split={cfg.split!r} trains)")
+        dataset = self.build(cfg, split, False, None)
         if isinstance(dataset, IterableDataset):
             items = iter(dataset)
         else:
@@ -141,9 +172,43 @@ class DataSource:
         return conditions
 
 
+_SAID: set[tuple[str | None, str]] = set()  # (data.path, split) whose held-out reading was announced
+
+
 def source_of(cfg: DataConfig) -> DataSource:
-    """The registered source of `data.source` (ConfigError naming the allowed ones)."""
-    return DATA_SOURCES.get(cfg.source, "data.source")
+    """The source that reads `cfg`: the registered source of `data.source` (ConfigError naming the allowed ones), or
+    the one its data turns out to need (`DataSource.resolved`)."""
+    return DATA_SOURCES.get(cfg.source, "data.source").resolved(cfg)
+
+
+def split_members(splits: dict[str, list[T]], train_split: str, split: str, what: str) -> tuple[list[T], str]:
+    """What a source with named splits `splits` reads for `split`, and the share of it to keep: "train", "val" and
+    "test" (where the data has no split "test") are the shares of the members of `train_split` (data.split) by
+    data.val_fraction / data.test_fraction; a named split is read whole ("all"); "all" is every member. BadDataError
+    naming data.split when the data has no such split (`what`: the data, for the message)."""
+    if split == "all":
+        return list(dict.fromkeys(m for members in splits.values() for m in members)), "all"
+    if split in ("train", "val") or split == "test" and split not in splits:
+        if train_split not in splits:
+            names = ", ".join(repr(name) for name in splits)
+            raise BadDataError(f"data.split={train_split!r}: {what} has no split {train_split!r}; its splits: "
+                               f"{names}")
+        return splits[train_split], split
+    if split in splits:
+        return splits[split], "all"
+    raise ValueError(f"split={split!r}; {what} has the splits {', '.join(splits)} (and train / val / test shares)")
+
+
+def draw_caption(value: Any, aug_seed: int | None) -> str | None:
+    """The caption of a cell: a string stripped, or one of a list of captions, drawn by the sample's `aug_seed` (so a
+    resumed run draws the same ones; the first without a seed: held-out samples); None for none or an empty list."""
+    if isinstance(value, (list, tuple)):
+        captions = [str(c).strip() for c in value if c is not None]
+        if not captions:
+            return None
+        pick = 0 if aug_seed is None else int(np.random.default_rng([aug_seed, 1]).integers(len(captions)))
+        return captions[pick]
+    return None if value is None else str(value).strip()
 
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -49,6 +49,12 @@ def data_info(dataset: Dataset, cfg: DataConfig) -> DataInfo:
     return source_of(cfg).info(dataset, cfg)
 
 
+def data_notes(dataset: Dataset, cfg: DataConfig) -> list[str]:
+    """What a run says about its data set beyond its samples: the images a folder's metadata leaves out, as Hugging
+    Face datasets does (`DataSource.notes`)."""
+    return source_of(cfg).notes(dataset)
+
+
 def scan_data_info(cfg: DataConfig) -> DataInfo:
     """`data_info` without loading samples where the source can (a cache's manifest), else from a scan."""
     return source_of(cfg).scan_info(cfg)

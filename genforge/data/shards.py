@@ -39,9 +39,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from genforge.core.config import ConfigError, DataConfig
 from genforge.core.registry import DATA_SOURCES
-from genforge.data.base import DataSource, collate
+from genforge.data.base import DataSource, collate, split_members
 from genforge.data.folder import ADM_RESIZE
 from genforge.data.images import read_image
+from genforge.data.splits import DEFAULT_SPLIT
 
 IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")  # the first one a record has is its image
 Record = dict[str, Any]  # {"__key__": str, field: bytes}
@@ -476,14 +477,27 @@ class ShardsSource(DataSource):
         """The files (URLs) data.path names, split into train / val / test as wholes."""
         return check_shards(spec)
 
+    def named_files(self, cfg: DataConfig) -> tuple[dict[str, list[str]], bool]:
+        """The files of each named split of data.path, and whether it names any (shards: none, all is "train")."""
+        return {DEFAULT_SPLIT: self.files(cfg.path)}, False
+
+    def split_names(self, cfg: DataConfig) -> list[str]:
+        """The named splits of data.path ([] for shards, and for data not there: building it says what is wrong)."""
+        if not self.named_splits:
+            return []
+        try:
+            splits, named = self.named_files(cfg)
+        except FileNotFoundError:
+            return []
+        return list(splits) if named else []
+
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ShardDataset:
-        spec = cfg.path
-        if cfg.val_fraction > 0 or cfg.test_fraction > 0:
-            splits = split_shards(self.files(cfg.path), cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
-            if split not in splits:
-                raise ValueError(f"split={split!r}; allowed: {', '.join(splits)}")
-            spec = "::".join(splits[split])
-        elif split != "train":
+        splits, named = self.named_files(cfg)
+        files, share = split_members(splits, cfg.split, split, f"data.path={cfg.path!r}")
+        spec = "::".join(files) if named or share == "all" else cfg.path
+        if share != "all" and (cfg.val_fraction > 0 or cfg.test_fraction > 0):
+            spec = "::".join(split_shards(files, cfg.val_fraction, cfg.test_fraction, cfg.split_seed)[share])
+        elif share not in ("all", "train"):
             raise ValueError(f"data.source={self.name} ({cfg.path}) has no {split!r} split: set data.val_fraction / "
                              "data.test_fraction")
         return self.dataset(spec, cfg, flip, world_size)

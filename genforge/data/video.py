@@ -248,8 +248,8 @@ def video_bytes(frames: np.ndarray, fmt: str = "mp4", fps: float = 8.0) -> bytes
 # ------------------------------------------------------------------------------------------------ video folders
 class VideoFolderDataset(ImageFolderDataset):
     """Videos under `root` (mp4 / webm / mov / mkv / avi / gif, any depth) as clips `video` [3, T, H, W] (with
-    `frame_mask` [T] under data.video.min_frames): labels from the first-level sub-folders and captions from a
-    sidecar `<stem>.txt`, as for images (ImageFolderDataset); each epoch draws each video's temporal crop and flip
+    `frame_mask` [T] under data.video.min_frames): splits, labels and captions as for images (ImageFolderDataset,
+    as `datasets`' videofolder reads them); each epoch draws each video's temporal crop and flip
     from the sampler's per-sample seed."""
 
     extensions = VIDEO_EXTENSIONS
@@ -271,12 +271,14 @@ class VideoFolderSource(FolderSource):
     field = "video"
     path_help = "a folder of videos"
     resize = VIDEO_RESIZE
+    extensions = VIDEO_EXTENSIONS
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> VideoFolderDataset:
         check_folder(cfg.path)
         return VideoFolderDataset(cfg.path, cfg.image_size, cfg.video, split=split, val_fraction=cfg.val_fraction,
                                   flip=flip, seed=cfg.split_seed, test_fraction=cfg.test_fraction,
-                                  caption_column=cfg.caption_column, label_column=cfg.label_column)
+                                  caption_column=cfg.caption_column, label_column=cfg.label_column,
+                                  image_column=cfg.image_column, data_split=cfg.split)
 
     def info(self, dataset: VideoFolderDataset, cfg: DataConfig) -> DataInfo:
         return DataInfo(num_classes=dataset.num_classes, channels=3, image_size=cfg.image_size, kind="video")

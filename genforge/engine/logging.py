@@ -73,11 +73,12 @@ class RunOutcome:
     logged: dict[str, float] = field(default_factory=dict)
     checkpoint: Path | None = None
     samples: Path | None = None
+    notes: list[str] = field(default_factory=list)  # about the data (images its metadata leaves out)
 
     def summary(self, run_dir: Path, total: int, first_step: int, step: int, seconds: float,
                 last_eval: dict[str, Any]) -> str:
-        """The closing line of a run: the steps trained and their wall time, the last losses, checkpoint, samples
-        and evaluation."""
+        """The closing line of a run: the steps trained and their wall time, the last losses, checkpoint, samples,
+        evaluation and the notes about its data."""
         if step == first_step:
             return f"nothing to train: {run_dir} is at step {step} of {total}"
         parts = [f"trained steps {first_step + 1}-{step} of {total} in {duration(seconds)}"]
@@ -92,7 +93,7 @@ class RunOutcome:
         if scores:
             parts.append(f"evaluation at step {last_eval['step']}: "
                          + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
-        return "; ".join(parts)
+        return "; ".join(parts + self.notes)
 
 
 class Progress:

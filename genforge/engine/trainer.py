@@ -34,7 +34,7 @@ from genforge.core.status import console
 from genforge.core.task import Task
 from genforge.data.base import DataInfo, missing_field
 from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, check_enough_samples, data_info,
-                                  refuse_unreadable_start)
+                                  data_notes, refuse_unreadable_start)
 from genforge.engine.checkpoint import CheckpointDir, CheckpointError, step_dir_name
 from genforge.engine.collectives import gather_rows, main_decides, peer_failed
 from genforge.engine.ema import EMA, ema_phases
@@ -147,7 +147,7 @@ class Trainer:
                                 CheckpointDir(self.run_dir / "checkpoints", tc.keep_last, tc.keep_best_mode),
                                 SnapshotDir(self.run_dir / SNAPSHOTS), dataset, info, self.sharded)
         self.nonfinite_in_a_row = 0
-        self.outcome = RunOutcome()  # for the closing summary
+        self.outcome = RunOutcome(notes=data_notes(dataset, run.data))  # for the closing summary
         self.logger: RunLogger | None = None
         self.skips = SkipLog(self.run_dir / "skipped.jsonl")
         refuse_unreadable_start(dataset, run.data, self.skips, record=acc.is_main_process)
@@ -200,6 +200,8 @@ class Trainer:
         if acc.is_main_process:
             for note in plan.notes:
                 console().warning(note)
+            for note in self.outcome.notes:  # the data's (said again in the closing summary)
+                console().info(f"data: {note}")
         events = [("checkpoint_fallback", note) for note in plan.notes]
         if plan.changes:
             events.append(("config_change", "; ".join(map(str, plan.changes))))

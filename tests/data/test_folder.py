@@ -21,16 +21,34 @@ def _tree(root, names):
 
 
 def test_recursive_discovery_labels_and_captions(tmp_path):
-    _tree(tmp_path, ["cats/a.jpg", "cats/deep/b.PNG", "dogs/c.webp", "dogs/d.Jpeg", "dogs/e.bmp",
+    _tree(tmp_path, ["cats/a.jpg", "cats/b.PNG", "dogs/c.webp", "dogs/d.Jpeg", "dogs/e.bmp",
                      "dogs/.hidden.png", ".git/x.png", "dogs/notes.gif"])
     (tmp_path / "cats" / "a.txt").write_text("  a cat\n", encoding="utf-8")
     ds = ImageFolderDataset(tmp_path, 8, split="all")
-    assert ds.files == ["cats/a.jpg", "cats/deep/b.PNG", "dogs/c.webp", "dogs/d.Jpeg", "dogs/e.bmp"]
+    assert ds.files == ["cats/a.jpg", "cats/b.PNG", "dogs/c.webp", "dogs/d.Jpeg", "dogs/e.bmp"]
     assert ds.class_names == ["cats", "dogs"] and ds.num_classes == 2
     s = ds[0]
     assert s["label"] == 0 and s["text"] == "a cat" and s["key"] == "cats/a.jpg"
     assert s["image"].shape == (3, 8, 8) and s["image"].dtype.is_floating_point
     assert ds[1]["label"] == 0 and ds[2]["label"] == 1 and "text" not in ds[2]
+
+
+def test_labels_are_the_immediate_parent_folder_when_every_image_sits_at_one_depth(tmp_path):
+    """As `datasets` infers them: the immediate parent folder (not the first-level one), only when all images sit at
+    one depth and there are two or more such folders; split folders are never classes."""
+    nested = ImageFolderDataset(_tree(tmp_path / "nested", ["animals/cat/a.png", "animals/dog/b.png"]), 8, split="all")
+    assert nested.class_names == ["cat", "dog"] and [nested[i]["label"] for i in range(2)] == [0, 1]
+    deeper = ImageFolderDataset(_tree(tmp_path / "deeper", ["cat/a.png", "dog/sub/b.png"]), 8, split="all")
+    assert deeper.num_classes == 0 and "label" not in deeper[0]
+    one = ImageFolderDataset(_tree(tmp_path / "one", ["cat/a.png", "cat/b.png"]), 8, split="all")
+    assert one.num_classes == 0
+    splits = _tree(tmp_path / "splits", ["train/a.png", "train/b.png", "test/c.png"])
+    assert ImageFolderDataset(splits, 8).num_classes == 0 and ImageFolderDataset(splits, 8).files == ["train/a.png",
+                                                                                                        "train/b.png"]
+    classes = _tree(tmp_path / "classes", ["train/cat/a.png", "train/dog/b.png", "test/dog/c.png"])
+    train, test = ImageFolderDataset(classes, 8), ImageFolderDataset(classes, 8, split="test")
+    assert train.class_names == ["cat", "dog"] and [train[i]["label"] for i in range(2)] == [0, 1]
+    assert test.files == ["test/dog/c.png"] and test[0]["label"] == 1
 
 
 def test_flip_follows_aug_seed(tmp_path):
@@ -50,9 +68,9 @@ def test_unlabelled_root_and_mixed_layout(tmp_path):
     (tmp_path / "flat" / "notes").mkdir()  # a sub-folder without images does not make labels
     flat = ImageFolderDataset(tmp_path / "flat", 8, split="all")
     assert flat.num_classes == 0 and flat.class_names == [] and "label" not in flat[0]
-    _tree(tmp_path / "mixed", ["a.png", "sub/b.png"])
-    with pytest.raises(ValueError, match="a.png"):
-        ImageFolderDataset(tmp_path / "mixed", 8)
+    _tree(tmp_path / "mixed", ["a.png", "sub/b.png"])  # two depths: no labels, as in `datasets`
+    mixed = ImageFolderDataset(tmp_path / "mixed", 8)
+    assert mixed.num_classes == 0 and mixed.files == ["a.png", "sub/b.png"]
 
 
 def test_split_is_stable_under_listing_order_and_additions(tmp_path, monkeypatch):
@@ -143,10 +161,9 @@ def test_hugging_face_metadata_captions_labels_and_unusable_rows(tmp_path):
     assert bad == {"metadata.jsonl@2": "file_name 'gone.png': gone.png does not exist",
                    "metadata.jsonl@3": "a second row for a.png (the first is metadata.jsonl@0)",
                    "metadata.jsonl@4": "no kind value",
-                   "metadata.jsonl@5": bad["metadata.jsonl@5"],
-                   "c.png": "its row metadata.jsonl@4 cannot be used",
-                   "orphan.png": "no row in any metadata.jsonl / metadata.csv"}
+                   "metadata.jsonl@5": bad["metadata.jsonl@5"]}
     assert bad["metadata.jsonl@5"].startswith("not JSON")
+    assert ds.left_out == ["orphan.png"] and "left out 1 image(s)" in ds.notes()[0]  # no row: not read, as datasets
     assert [FolderSource().class_names(DataConfig(source="folder", path=str(tmp_path), label_column="kind",
                                                   caption_column="caption"))] == [["cat", "dog", "emu"]]
     (tmp_path / "labels").mkdir()
@@ -168,7 +185,7 @@ def test_metadata_files_missing_a_column_are_refused_naming_it(tmp_path):
                                            r"'image'"):
         ImageFolderDataset(tmp_path, 8)
     (tmp_path / "metadata.jsonl").unlink()
-    with pytest.raises(BadDataError, match="data.label_column='label' names a column of metadata.jsonl"):
+    with pytest.raises(BadDataError, match="data.label_column='label' names a column of metadata.jsonl / .csv"):
         ImageFolderDataset(tmp_path, 8, label_column="label")
     with pytest.raises(ValueError, match="data.label_column is not read by data.source=shapes"):
         DataConfig(source="shapes", label_column="label")
