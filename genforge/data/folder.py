@@ -256,10 +256,9 @@ class ImageFolderDataset(Dataset):
         searched = ", ".join(self.extensions)
         if not self.root.is_dir():
             raise FileNotFoundError(f"{self.field} folder {self.root} does not exist (looking for {searched} files)")
-        files, tables, splits, self.named = folder_splits(self.root, self.extensions)
+        files, tables, splits, _ = folder_splits(self.root, self.extensions)
         if not files:
             raise ValueError(f"{self.field} folder {self.root} holds no {self.field}s ({searched}, any depth)")
-        self.split_names = list(splits) if self.named else []
         members, share = split_members(splits, data_split, split, f"{self.field} folder {self.root}")
         member_set = set(members)
         split_files = [f for f in files if f in member_set]

@@ -219,3 +219,42 @@ def test_a_metadata_folder_trains_a_text_model_on_its_captions(tmp_path, monkeyp
     skipped = [json.loads(line) for line in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()]
     assert [(s["key"], s["reason"]) for s in skipped] == [
         ("metadata.jsonl@7", "file_name 'missing.png': missing.png does not exist")]
+
+
+def test_a_split_folder_trains_on_train_with_list_captions_and_counts_what_it_leaves_out(tmp_path, monkeypatch,
+                                                                                          status):
+    """train/ and test/ with metadata.jsonl (lists of captions, as diffusers' datasets hold them): only train's rows
+    train, one caption of each list drawn per sample; an image without a row is left out, said at the start and in
+    the closing summary (not a skipped sample); held-out samples come from test, which the run says."""
+    from genforge.app.config import load_config
+    from genforge.app.runs import make_trainer
+    from genforge.data.loader import heldout_batch
+    from genforge.families.clip.task import ClipTask
+
+    root = tmp_path / "data"
+    train_names, test_names = [f"train/{i}.png" for i in range(8)], ["test/a.png", "test/b.png"]
+    _tree(root, train_names + test_names + ["train/no-row.png"])
+    train_captions = {name: [f"train {i} one", f"train {i} two"] for i, name in enumerate(train_names)}
+    (root / "train" / "metadata.jsonl").write_text("".join(
+        json.dumps({"file_name": name.split("/")[1], "text": captions}) + "\n"
+        for name, captions in train_captions.items()))
+    (root / "test" / "metadata.jsonl").write_text("".join(
+        json.dumps({"file_name": name.split("/")[1], "text": [f"held out {name}"]}) + "\n" for name in test_names))
+    seen: list[str] = []
+    plain = ClipTask.loss
+
+    def loss(self, batch, phase, step):
+        seen.extend(batch["text"])
+        return plain(self, batch, phase, step)
+
+    monkeypatch.setattr(ClipTask, "loss", loss)
+    cfg = load_config("clip-debug", ["data.source=folder", f"data.path={root}", "train.steps=3",
+                                     "train.sample_every=0", "train.checkpoint_every=3", "eval.every=0"])
+    make_trainer(cfg, tmp_path / "run").fit()
+    allowed = {c for captions in train_captions.values() for c in captions}
+    assert len(seen) == 3 * 8 and set(seen) <= allowed and len(set(seen)) > 8  # both captions of some images
+    assert not (tmp_path / "run" / "skipped.jsonl").exists()
+    assert status.text.count("left out 1 image(s)") == 2 and "train/no-row.png" in status.text  # start + summary
+    held = heldout_batch(cfg.data, 2)
+    assert held["key"] == test_names and held["text"] == [f"held out {name}" for name in test_names]
+    assert "held-out samples (evaluation, FID reference, previews): the 'test' split of" in status.text
