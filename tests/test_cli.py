@@ -41,6 +41,7 @@ def test_stable_surface_is_frozen():
     assert {"--out", "--data", "--set", "--flip", "--batch-size", "--shard-size", "--precision"} <= _options("encode")
     assert {"--out", "--n"} <= {o for p in group.commands["data"].commands["shapes"].params for o in p.opts}
     assert {"--to", "--ema"} <= _options("export")  # --ema/--no-ema
+    assert {"--save-stats", "--batch-size"} <= _options("fid")  # genforge fid A [B]
 
 
 def test_sampling_flags_are_generated_from_the_options_models():

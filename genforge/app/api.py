@@ -28,6 +28,8 @@ from genforge.core.task import Batch, Task
 from genforge.data.images import center_crop_resize, load_rgb, to_pil, to_tensor
 from genforge.data.video import read_frames, resize_crop_frames
 from genforge.engine.checkpoint import CheckpointReadError
+from genforge.eval.fid_files import check_input, check_npz_path, fid_of, input_stats, save_npz
+from genforge.eval.metrics import feature_network
 from genforge.eval.run import Report, evaluate_task, generate, write_eval_results
 
 ImageInput = Union[Image.Image, str, Path, Tensor]  # a PIL image, an image file, or a tensor [k, C, H, W] in [-1, 1]
@@ -277,3 +279,39 @@ def train(config: str | Path | RunConfig | None = None, overrides: Sequence[str]
     else:
         cfg = load_config(None if config is None else str(config), list(overrides))
     return runs.make_trainer(cfg, Path(run_dir) if run_dir else Path("runs") / cfg.name, fresh=fresh).fit()
+
+
+def fid(a: str | Path, b: str | Path | None = None, *, save_stats: str | Path | None = None,
+        device: str | torch.device | None = None, batch_size: int = 50, report: Report | None = None
+        ) -> dict[str, Any]:
+    """FID between `a` and `b`, each an image folder or a statistics file (.npz with mu and sigma, or genforge's
+    .safetensors), with the Inception features StyleGAN2-ADA / EDM / EDM2 compute (NVlabs' resize:
+    genforge.nn.features.fid_resize); `genforge fid A B` is this. `save_stats` writes the statistics of `a` (float64
+    mu, sigma) to an .npz that pytorch-fid and clean-fid read; with it, `b` may be left out. `report(done, total)`:
+    images read so far of the folders'. Returns `a`, `n_a` (images behind its statistics; None: a file that does
+    not say), `b`, `n_b`, `features` (the network and resize), `fid` (when `b` is given), `saved` (the .npz).
+    FileNotFoundError / ValueError (checked before the network loads) name a missing or empty folder or a file
+    without mu and sigma."""
+    inputs = [check_input(a, "A")] + ([check_input(b, "B")] if b is not None else [])
+    out = check_npz_path(save_stats) if save_stats is not None else None
+    if b is None and out is None:
+        raise ValueError("give B (an image folder or statistics file to compare A with) or --save-stats OUT.npz")
+    device = str(device or default_device())
+    net = feature_network(device)
+    total = sum(len(given.files or []) for given in inputs)
+    stats, before = [], 0
+    for given in inputs:
+        offset = before  # this folder's progress continues the count of the ones before it
+        counted = None if report is None else lambda done, _, offset=offset: report(offset + done, total)
+        stats.append(input_stats(net, given, device, batch_size, counted))
+        before += len(given.files or [])
+    results: dict[str, Any] = {}
+    for name, given, stat in zip(("a", "b"), inputs, stats):
+        results[name] = f"{given.path} ({given.kind})"
+        results[f"n_{name}"] = stat.n
+    results["features"] = net.fingerprint()["network"]
+    if len(stats) == 2:
+        results["fid"] = fid_of(*stats)
+    if out is not None:
+        results["saved"] = str(save_npz(out, stats[0]))
+    return results

