@@ -81,15 +81,13 @@ def test_train_sample_eval_end_to_end(tmp_path, monkeypatch):
     out = runner.invoke(app, ["sample", str(run), "--label", "99"])
     assert out.exit_code == 2 and "--label" in out.stderr
 
-    from genforge.eval import judge as judge_module
     from genforge.eval import metrics as metrics_module
 
-    quick, _ = judge_module.train_judge(image_size=16, steps=5, batch_size=16)
-    monkeypatch.setattr(metrics_module, "load_or_train_judge", lambda *a, **k: quick)  # the name metrics calls
     out = runner.invoke(app, ["eval", str(run), "--metrics", "judge", "--n", "8", "--steps", "2"])
     assert out.exit_code == 0, out.output
     result = json.loads((run / "eval" / "6.json").read_text())
     assert result["n"] == 8 and 0.0 <= result["judge_accuracy"] <= 1.0
+    assert result["judge_weights"] == "shapes-judge-v1.safetensors"  # the shipped judge, named in every result
     assert result["sampler"]["steps"] == 2
 
     from eval.eval_standins import TinyFeatures

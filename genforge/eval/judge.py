@@ -1,5 +1,14 @@
 """The shapes judge: a small CNN trained on the procedural data, used to check that generated samples
-show the requested class (share of samples it assigns to the requested label)."""
+show the requested class (share of samples it assigns to the requested label).
+
+The judge ships with genforge: `SHIPPED_JUDGE` (genforge/eval/weights/shapes-judge-<JUDGE_VERSION>.safetensors,
+written by `python benchmarks/judge.py --write`, a seeded `train_judge()`), so nothing trains it on a fresh machine.
+Only where that file is missing does `load_or_train_judge` train one and cache it under $GENFORGE_CACHE/judge.
+
+Versioning rule: scores are comparable only under the same judge, so a judge whose weights change (another
+recipe, architecture, data or retraining) gets a new `JUDGE_VERSION`, hence a new file name; a file once shipped
+is never overwritten with other weights.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +27,8 @@ from genforge.data.shapes import COLORS, NUM_CLASSES, render_batch
 
 JUDGE_SIZE = 32
 JUDGE_VERSION = "v1"
+JUDGE_FILE = f"shapes-judge-{JUDGE_VERSION}.safetensors"
+SHIPPED_JUDGE = Path(__file__).with_name("weights") / JUDGE_FILE  # package data (pyproject.toml)
 HELDOUT_IMAGES = 2000
 
 
@@ -135,16 +146,17 @@ _LOADED: dict[Path, ShapesJudge] = {}
 
 
 def judge_cache_path(cache_dir: str | Path | None = None) -> Path:
-    """Where the trained judge is cached: `cache_dir` or $GENFORGE_CACHE (default ~/.cache/genforge)."""
-    return cache_root(cache_dir) / "judge" / f"shapes-judge-{JUDGE_VERSION}.safetensors"
+    """Where a judge trained here is cached: `cache_dir` or $GENFORGE_CACHE (default ~/.cache/genforge)."""
+    return cache_root(cache_dir) / "judge" / JUDGE_FILE
 
 
 def load_or_train_judge(cache_dir: str | Path | None = None) -> ShapesJudge:
-    """The cached judge, trained (about 40 s on 2 CPU cores) and cached on first use."""
-    path = judge_cache_path(cache_dir)
+    """The shipped judge (`SHIPPED_JUDGE`); only where that file is missing, the one cached under `cache_dir`,
+    trained (about 40 s on 2 CPU cores) and cached on first use."""
+    path = SHIPPED_JUDGE if SHIPPED_JUDGE.is_file() else judge_cache_path(cache_dir)
     if path not in _LOADED:
         if not path.is_file():
-            console().info(f"training the shapes judge (once; cached at {path})")
+            console().info(f"training the shapes judge ({SHIPPED_JUDGE} is missing; once, cached at {path})")
             start = time.perf_counter()
             with torch.enable_grad():  # also when called under no_grad (a tokenizer's evaluation)
                 judge, accuracy = train_judge()

@@ -30,7 +30,7 @@ from genforge.data.video import clip_frames
 from genforge.eval.embedding_metrics import prior_similarities, retrieval_recall, zero_shot_accuracy
 from genforge.nn.features import I3DFeatures, InceptionFeatures, InceptionLogits
 from genforge.nn.perceptual import PerceptualLoss
-from genforge.eval.judge import judge_predictions, kind_by_frame, load_or_train_judge, prediction_report
+from genforge.eval.judge import JUDGE_FILE, judge_predictions, kind_by_frame, load_or_train_judge, prediction_report
 from genforge.eval.motion import STILL, motion_direction
 from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats
 from genforge.eval.tokenizer_metrics import CodebookUsage, psnr, ssim
@@ -146,6 +146,9 @@ class JudgePredictions(FeatureExtractor):
 
     def empty(self) -> Tensor:
         return torch.zeros(0, dtype=torch.long)
+
+    def report(self, ctx: EvalContext) -> dict[str, Any]:
+        return {"judge_weights": JUDGE_FILE}  # scores compare only under the same judge (judge.py: JUDGE_VERSION)
 
 
 class MotionDirections(FeatureExtractor):

@@ -95,12 +95,7 @@ def test_the_python_api_synthesises_as_the_cli_does(run):
     assert all(torch.equal(again[k], v) for k, v in ema.weights.items())
 
 
-def test_a_sweep_scores_each_width_and_reports_the_best(run, monkeypatch):
-    from genforge.eval import judge as judge_module
-    from genforge.eval import metrics as metrics_module
-
-    quick, _ = judge_module.train_judge(image_size=16, steps=5, batch_size=16)
-    monkeypatch.setattr(metrics_module, "load_or_train_judge", lambda *a, **k: quick)
+def test_a_sweep_scores_each_width_and_reports_the_best(run):
     out = runner.invoke(app, ["ema", str(run), "--sweep", "0.05,0.1,0.15", "--metric", "judge", "--n", "8"])
     assert out.exit_code == 0, out.output
     record = json.loads((run / "ema_synthesized" / "sweep-judge.json").read_text())

@@ -1,10 +1,50 @@
+import ast
+import fnmatch
+from pathlib import Path
+
 import pytest
 import torch
 
 from genforge.data.shapes import render_batch
 from genforge.eval import judge as judge_module
-from genforge.eval.judge import (ShapesJudge, judge_accuracy, judge_report, kind_by_frame, load_judge, load_or_train_judge,
-                                  save_judge, train_judge)
+from genforge.eval.judge import (JUDGE_VERSION, SHIPPED_JUDGE, ShapesJudge, judge_accuracy, judge_report, kind_by_frame,
+                                  load_judge, load_or_train_judge, save_judge, train_judge)
+
+ROOT = Path(__file__).parents[2]
+
+
+def package_data() -> dict[str, list[str]]:
+    """pyproject.toml's [tool.setuptools.package-data] (`key = [patterns]` lines; tomllib needs Python 3.11)."""
+    section = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools.package-data]")[1].split("\n[")[0]
+    pairs = [line.split("=", 1) for line in section.splitlines() if "=" in line and not line.startswith("#")]
+    return {ast.literal_eval(key.strip()): ast.literal_eval(value.split("#")[0].strip()) for key, value in pairs}
+
+
+def test_the_shipped_judge_is_package_data_named_by_its_version():
+    assert SHIPPED_JUDGE.is_file() and SHIPPED_JUDGE.name == f"shapes-judge-{JUDGE_VERSION}.safetensors"
+    assert SHIPPED_JUDGE.stat().st_size < 1_000_000
+    patterns = package_data()
+    relative = SHIPPED_JUDGE.relative_to(ROOT / "genforge" / "eval").as_posix()  # what a wheel of `pip install .` carries
+    assert any(fnmatch.fnmatch(relative, pattern) for key in ("*", "genforge.eval") for pattern in patterns.get(key, []))
+
+
+def test_the_shipped_judge_scores_98_percent_on_unseen_shapes():
+    # seed 30_000: neither the training images (10_000 + seed) nor train_judge's own held-out images (20_000 + seed)
+    images, labels = render_batch(2000, 32, seed=30_000)
+    assert judge_accuracy(load_judge(SHIPPED_JUDGE), images, labels) >= 0.98
+
+
+def test_loading_the_shipped_judge_trains_nothing(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("train_judge called although the judge ships with genforge")
+
+    monkeypatch.setattr(judge_module, "train_judge", refuse)
+    monkeypatch.setattr(judge_module, "_LOADED", {})  # as in a new process
+    judge = load_or_train_judge(tmp_path)
+    assert not judge.training and not any(tmp_path.iterdir())  # nothing cached either
+    assert load_or_train_judge() is judge  # loaded once per process
+    shipped = load_judge(SHIPPED_JUDGE).state_dict()
+    assert all(torch.equal(v, shipped[k]) for k, v in judge.state_dict().items())
 
 
 def test_quick_judge_beats_chance_and_round_trips(tmp_path):
@@ -34,7 +74,7 @@ def test_any_resolution_and_accuracy_arithmetic():
         judge_accuracy(judge, images, labels[:3])
 
 
-def test_load_or_train_judge_trains_once_and_caches(tmp_path, monkeypatch, status):
+def test_without_the_shipped_file_the_judge_is_trained_once_and_cached(tmp_path, monkeypatch, status):
     calls = []
 
     def quick_train():
@@ -42,6 +82,7 @@ def test_load_or_train_judge_trains_once_and_caches(tmp_path, monkeypatch, statu
         return ShapesJudge(), 0.5
 
     monkeypatch.setattr(judge_module, "train_judge", quick_train)
+    monkeypatch.setattr(judge_module, "SHIPPED_JUDGE", tmp_path / "missing.safetensors")  # e.g. a trimmed source tree
     judge = load_or_train_judge(tmp_path)
     path = tmp_path / "judge" / "shapes-judge-v1.safetensors"
     assert path.is_file() and not judge.training and "training" in status.text
