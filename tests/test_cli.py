@@ -33,7 +33,7 @@ def test_stable_surface_is_frozen():
     # the families' own sampling options (FamilyTraits.sample_options), which the CLI parses and --help lists
     declared = {"--" + option.name.replace("_", "-") for option in family_sample_options()}
     assert {"--image", "--start-stage", "--stop-stage", "--frames", "--story", "--critic", "--temperature",
-            "--choice-temperature"} <= declared
+            "--choice-temperature", "--temperature-anneal", "--critic-guidance"} <= declared
     shown = runner.invoke(app, ["sample", "--help"]).output
     assert all(flag in shown for flag in declared)
     assert {"--metrics", "--n", "--seed", "--steps", "--cfg-scale", "--ref", "--is-weights", "--precision",

@@ -38,6 +38,14 @@ class TokenCriticConfig(StrictModel):
                                  "linearly to 0")
     sample: Annotated[bool, OnResume.CHANGE] = Field(
         True, description="decode with the critic (genforge sample/eval --critic/--no-critic)")
+    guidance: Annotated[bool, OnResume.CHANGE] = Field(
+        False, description="guide the critic's scores as the generator's logits, u + cfg_scale·(c − u) "
+                           "(--critic-guidance); phenaki-pytorch guides them, genforge's default does not, since a "
+                           "critic trained in its own phase sees no null condition unless cond_dropout_prob > 0")
+    cond_dropout_prob: Annotated[float, OnResume.CHANGE] = Field(
+        0.0, ge=0.0, lt=1.0, description="training=phase: share of the critic's samples trained without the "
+                                         "condition, so that it can be guided; phenaki-pytorch's critic drops the "
+                                         "generator's share (0.25), genforge's default 0 keeps it as it trained")
 
     @model_validator(mode="after")
     def _training(self) -> "TokenCriticConfig":
@@ -52,7 +60,21 @@ class TokenCriticConfig(StrictModel):
         if self.training == "phase" and self.loss_weight is not None:
             raise ValueError("model.critic.loss_weight weighs the critic in a joint loss: set "
                              "model.critic.training=joint, or leave loss_weight out")
+        if self.training == "joint" and self.cond_dropout_prob:
+            raise ValueError("model.critic.cond_dropout_prob: a critic trained jointly drops the condition of the "
+                             "generator's unconditional rows (model.cond_dropout_prob); leave it out")
+        if self.guidance:
+            self.check_guidance("model.critic.guidance")
         return self
+
+    def check_guidance(self, name: str) -> None:
+        """ValueError naming `name` when the critic never trained without the condition, so guidance would use an
+        untrained unconditional branch (phase training with cond_dropout_prob 0)."""
+        if self.training == "phase" and not self.cond_dropout_prob:
+            raise ValueError(f"{name}: this critic trained in its own phase with the condition always given "
+                             "(model.critic.cond_dropout_prob=0), so its unconditional scores are untrained; train it "
+                             "with e.g. --set model.critic.cond_dropout_prob=0.25 (phenaki-pytorch's share), or "
+                             "jointly (model.critic.training=joint)")
 
     @property
     def joint_weight(self) -> float:
@@ -71,6 +93,14 @@ class MaskedSampleOptions(SampleOptions):
                                                                       "which tokens to keep (default: "
                                                                       "model.choice_temperature)",
                                              json_schema_extra={"eval": True})
+    temperature_anneal: Literal["constant", "linear"] | None = Field(
+        None, description="constant: the temperature at every iteration; linear: annealed to 0 over the iterations, "
+                          "as phenaki-pytorch decodes (default: model.temperature_anneal)",
+        json_schema_extra={"eval": True})
+    critic_guidance: bool | None = Field(None, description="with a token critic: guide its scores with the "
+                                                           "unconditional ones at cfg_scale, as phenaki-pytorch does "
+                                                           "(default: model.critic.guidance)",
+                                         json_schema_extra={"eval": True})
 
 
 # what the masked-token generators are (register_family's traits): a stack of MaskTransformerBlocks whose loss
@@ -109,6 +139,10 @@ class MaskedTokenConfig(FamilyConfig):
         1.0, gt=0.0, description="softmax temperature of the sampled tokens")
     choice_temperature: Annotated[float, OnResume.CHANGE] = Field(
         4.5, ge=0.0, description="Gumbel noise on the confidences, annealed linearly to 0 (MaskGIT's re-masking)")
+    temperature_anneal: Annotated[Literal["constant", "linear"], OnResume.CHANGE] = Field(
+        "constant", description="constant: `temperature` at every decoding iteration (MaskGIT's reference); linear: "
+                                "temperature·(1 − (t+1)/steps), 0 (greedy) at the last (phenaki-pytorch, from 0.9); "
+                                "genforge keeps constant, the decoding its figures were measured with")
     sample_prompts: Annotated[list[str] | None, OnResume.CHANGE] = Field(
         None, description="prompts of preview grids and of evaluation without --prompt (default: the data's held-out "
                           "captions)")

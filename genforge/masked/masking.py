@@ -50,6 +50,17 @@ def guided_logits(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
     return uncond + scale * (cond - uncond)
 
 
+def sampling_temperature(step: int, steps: int, temperature: float, anneal: str = "constant") -> float:
+    """The softmax temperature of decoding iteration `step` (0-based) of `steps`. constant: `temperature` at every
+    iteration (MaskGIT's reference decoding); linear: temperature·(1 − (step+1)/steps), falling by temperature/steps
+    an iteration to 0 (greedy) at the last one (phenaki-pytorch's Phenaki.sample, from its starting_temperature)."""
+    if anneal == "constant":
+        return temperature
+    if anneal == "linear":
+        return temperature * (1 - (step + 1) / steps)
+    raise ValueError(f"unknown temperature anneal {anneal!r}; allowed: constant, linear")
+
+
 def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> Tensor:
     """Standard Gumbel noise −log(−log u), u ~ U(0, 1) from `generator`."""
     return gumbel(torch.rand(shape, generator=generator, device=device))
@@ -93,11 +104,13 @@ def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: i
            choice_temperature: float = 4.5, schedule: str = "cosine",
            on_step: Callable[[int, Tensor], None] | None = None, initial: Tensor | None = None,
            critic: Callable[[Tensor], Tensor] | None = None, critic_noise: float = 1.0,
-           generate: Tensor | None = None) -> Tensor:
+           generate: Tensor | None = None, temperature_anneal: str = "constant") -> Tensor:
     """MaskGIT's iterative decoding (§3.2): start from all [MASK]; at each iteration sample every masked token
-    from softmax(logits / temperature), then re-mask the `masked_count` least confident of the newly sampled
-    ones, confidence = log p(sampled token) + choice_temperature·(1 − (t+1)/steps)·Gumbel noise. Tokens once
-    revealed stay. `logits_fn` maps ids [B, N] (mask_id where masked) to logits [B, N, K].
+    from softmax(logits / T), T = `sampling_temperature` of the iteration (`temperature`, or annealed to 0 with
+    temperature_anneal=linear as phenaki-pytorch does; T = 0 takes the most likely token), then re-mask the
+    `masked_count` least confident of the newly sampled ones, confidence = log p(sampled token) +
+    choice_temperature·(1 − (t+1)/steps)·Gumbel noise. Tokens once revealed stay. `logits_fn` maps ids [B, N]
+    (mask_id where masked) to logits [B, N, K].
 
     `initial` [B, N]: known ids kept as they are, mask_id where to generate (the same number in every row); the
     schedule then runs over the masked positions only (Phenaki's story mode: a clip continued from the tokens of
@@ -123,8 +136,9 @@ def decode(logits_fn: Callable[[Tensor], Tensor], batch: int, n: int, mask_id: i
     for step in range(steps):
         masked = (ids == mask_id) & region  # [B, N]: still to decode
         logits = logits_fn(ids).float()  # [B, N, K]
-        noise = gumbel_noise(logits.shape, generator, device)
-        sampled = torch.argmax(logits / temperature + noise, dim=-1)  # a draw from softmax(logits / T): [B, N]
+        noise = gumbel_noise(logits.shape, generator, device)  # drawn at T = 0 too: the same stream either way
+        t = sampling_temperature(step, steps, temperature, temperature_anneal)
+        sampled = torch.argmax(logits / t + noise if t > 0 else logits, dim=-1)  # a draw from softmax(logits / T)
         sampled = torch.where(masked, sampled, ids)  # positions outside `region` keep [MASK]
         left = 1 - (step + 1) / steps  # the noise's annealing factor
         if critic is None:  # MaskGIT: confidence of the new tokens; revealed tokens are never re-masked

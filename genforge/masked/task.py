@@ -212,7 +212,9 @@ class MaskedTokenTask(Task):
     def critic_loss(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Token-Critic (Lezama et al. 2022, §3.2, eq. 4) as a phase of its own: mask ids as in training (γ(r)·N
         random positions), fill the masked positions with tokens sampled from the generator (no gradient,
-        conditioned), and train the critic to tell which positions were filled (`critic_bce`)."""
+        conditioned), and train the critic to tell which positions were filled (`critic_bce`); a share
+        model.critic.cond_dropout_prob of the samples without the condition (phenaki-pytorch trains its critic
+        with the generator's condition dropout), so the critic can be guided."""
         ids = self.to_tokens(batch)  # [B, N]
         rng = batch["rng"]
         real = self.global_real_positions(batch, ids.shape[1])
@@ -224,17 +226,20 @@ class MaskedTokenTask(Task):
             logits = self.model(ids.masked_fill(mask, self.model.mask_id), context, context_mask, real)[mask].float()
             drawn = draw_tokens(logits, rng.rand(ids.shape[1])[mask])  # [M]
             filled = ids.masked_scatter(mask, drawn)  # [B, N]
-        loss, logs = self.critic_bce(filled, mask, batch, keep, real)
+        prob = self.cfg.critic.cond_dropout_prob
+        drop = rng.rand() < prob if prob else keep  # [B]: drawn last, so the masks and fills stay those of prob 0
+        loss, logs = self.critic_bce(filled, mask, batch, drop, real)
         logs["changed"] = (drawn != ids[mask]).float().mean()  # share of filled tokens unlike the real ones
         return loss, logs
 
     def critic_context(self, cond: dict[str, Any], drop: Tensor,
-                       generator_context: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                       generator_context: tuple[Tensor, Tensor] | None = None,
+                       text_key: str = "text") -> tuple[Tensor, Tensor]:
         """The condition as the critic reads it: a separate critic's own projection of it; a self critic's is the
         generator's (`generator_context` when the caller has it)."""
         if self.cfg.critic.kind == "self":
-            return generator_context or self.context(cond, drop)
-        return self.context(cond, drop, transformer=self.model.critic)
+            return generator_context or self.context(cond, drop, text_key=text_key)
+        return self.context(cond, drop, text_key=text_key, transformer=self.model.critic)
 
     def critic_scores(self, ids: Tensor, context: tuple[Tensor, Tensor], real: Tensor | None = None) -> Tensor:
         """The critic's logit of "filled in by the generator" for every token of ids [B, N] -> [B, N], given its
@@ -257,15 +262,20 @@ class MaskedTokenTask(Task):
 
     # ------------------------------------------------------------------------------------------ sampling
     def resolve(self, options: SampleOptions | None = None) -> MaskedSampleOptions:
-        """Unset steps, guidance scale, temperatures and whether to decode with the critic from the model section;
-        ValueError for --critic without a token critic."""
+        """Unset steps, guidance scale, temperatures, their annealing and whether to decode with the critic and to
+        guide it from the model section; ValueError for --critic or --critic-guidance without a token critic, or
+        --critic-guidance with a critic never trained without the condition."""
         c = self.cfg
         options = MaskedSampleOptions.of(options)
-        if options.critic and c.critic is None:
-            raise ValueError("--critic: this run has no token critic (model.critic)")
+        for name in ("critic", "critic_guidance"):
+            if getattr(options, name) and c.critic is None:
+                raise ValueError(f"--{name.replace('_', '-')}: this run has no token critic (model.critic)")
+        if options.critic_guidance:
+            c.critic.check_guidance("--critic-guidance")
         return options.filled(steps=c.sample_steps, cfg_scale=c.cfg_scale, temperature=c.temperature,
-                              choice_temperature=c.choice_temperature,
-                              critic=None if c.critic is None else c.critic.sample)
+                              choice_temperature=c.choice_temperature, temperature_anneal=c.temperature_anneal,
+                              critic=None if c.critic is None else c.critic.sample,
+                              critic_guidance=None if c.critic is None else c.critic.guidance)
 
     def sample_conditions(self, n: int, generator: torch.Generator, options: MaskedSampleOptions) -> Batch:
         """Prompts (--prompt, --prompts, model.sample_prompts, else the held-out captions with their labels and
@@ -298,20 +308,22 @@ class MaskedTokenTask(Task):
         settings = {"sampler": "maskgit", "steps": options.steps,
                     "cfg_scale": options.cfg_scale if c.conditioning != "none" else 1.0,
                     "temperature": options.temperature, "choice_temperature": options.choice_temperature,
-                    "mask_schedule": c.mask_schedule}
+                    "temperature_anneal": options.temperature_anneal, "mask_schedule": c.mask_schedule}
         if options.negative_prompt:
             settings["negative_prompt"] = options.negative_prompt
         if c.critic is not None:
             settings["critic"] = bool(options.critic)
             if settings["critic"]:
                 settings["critic_noise"] = c.critic.noise
+                settings["critic_guidance"] = bool(options.critic_guidance) and settings["cfg_scale"] > 1.0
         return settings
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, options: MaskedSampleOptions,
                progress: bool = False, initial: Tensor | None = None) -> Tensor:
         """Iterative parallel decoding (MaskGIT §3.2) with classifier-free guidance: logits = u + s·(c − u), the
-        unconditional branch u from the null context or the negative prompt; images (clips) in [-1, 1].
+        unconditional branch u from the null context or the negative prompt, and with a token critic its scores
+        (guided the same way with critic_guidance, `critic_choice`); images (clips) in [-1, 1].
         `initial` (ids [n, ...code_shape], mask_id where to generate) keeps the known tokens (masking.decode)."""
         s = self.sampler_settings(options)
         device = self.model.head.weight.device
@@ -331,21 +343,38 @@ class MaskedTokenTask(Task):
             cond_logits, uncond_logits = self.model(torch.cat([ids, ids]), context, context_mask).float().chunk(2)
             return guided_logits(cond_logits, uncond_logits, s["cfg_scale"])
 
-        critic_fn = None
-        if s.get("critic"):  # Token-Critic's choice of what to re-mask: high = looks real
-            critic_context = self.critic_context(cond, keep)
-            critic_fn = lambda ids: -self.critic_scores(ids, critic_context)  # noqa: E731
+        critic_fn = self.critic_choice(cond, keep, s) if s.get("critic") else None
         shape = self.code_shape(n, options)
 
         def run(start: Tensor | None, generate: Tensor | None) -> Tensor:
             return decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,
                           temperature=s["temperature"], choice_temperature=s["choice_temperature"],
                           schedule=self.cfg.mask_schedule, initial=start, critic=critic_fn,
-                          critic_noise=s.get("critic_noise", 0.0), generate=generate)
+                          critic_noise=s.get("critic_noise", 0.0), generate=generate,
+                          temperature_anneal=s["temperature_anneal"])
 
         ids = self.decode_in_order(run, shape, None if initial is None else initial.flatten(1), s)  # [n, N]
         images = held_on(self.token_codec, ids.device).decode(ids.view(shape))  # [B, C, H, W] or [B, C, T, H, W]
         return images.float().clamp(-1, 1)
+
+    def critic_choice(self, cond: dict[str, Any], keep: Tensor, settings: dict[str, Any]) -> Callable[[Tensor], Tensor]:
+        """Token-Critic's choice of what to re-mask, ids [n, N] -> [n, N], high = looks real: minus the critic's
+        logit of "sampled". With settings["critic_guidance"] the logits are guided as the generator's, u + s·(c − u)
+        at cfg_scale s, u under the null context or the negative prompt (phenaki-pytorch's
+        critic.forward_with_cond_scale)."""
+        context = self.critic_context(cond, keep)
+        if not settings.get("critic_guidance"):
+            return lambda ids: -self.critic_scores(ids, context)
+        if "negative_text" in cond:
+            uncond = self.critic_context(cond, keep, text_key="negative_text")
+        else:
+            uncond = self.critic_context(cond, ~keep)
+        both, scale = _stack_contexts(context, uncond), settings["cfg_scale"]
+
+        def guided(ids: Tensor) -> Tensor:
+            c, u = self.critic_scores(torch.cat([ids, ids]), both).float().chunk(2)
+            return -guided_logits(c, u, scale)
+        return guided
 
     def decode_in_order(self, run: DecodeRun, shape: tuple[int, ...], initial: Tensor | None,
                         settings: dict[str, Any]) -> Tensor:

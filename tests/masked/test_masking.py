@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+from genforge.masked import masking
 from genforge.masked.masking import (decode, frame_hidden_count, frame_training_mask, hidden_count, mask_ratio,
-                                     masked_count, training_mask)
+                                     masked_count, sampling_temperature, training_mask)
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "square"])
@@ -162,3 +163,39 @@ def test_decode_of_a_region_fills_only_it_and_leaves_the_other_masked_positions_
     assert (ids[:, :4] == 3).all() and (ids[:, 4:8] < k).all() and (ids[:, 8:] == k).all()
     assert all((s[:, 8:] == k).all() for s in seen)  # the later frame is [MASK] to the model throughout
     assert [int((s[:, 4:8] == k).sum(1)[0]) for s in seen] == [4, 3, 2, 1]  # one revealed per step, the last at the end
+
+
+def test_the_sampling_temperature_is_constant_or_annealed_linearly_to_zero_as_phenaki_pytorch_does():
+    """linear: phenaki-pytorch's starting_temperature · (steps − (step + 1)) / steps at each iteration."""
+    assert [sampling_temperature(s, 4, 0.9) for s in range(4)] == [0.9] * 4
+    annealed = [sampling_temperature(s, 4, 0.9, "linear") for s in range(4)]
+    assert annealed == pytest.approx([0.9 * 3 / 4, 0.9 * 2 / 4, 0.9 * 1 / 4, 0.0])
+    with pytest.raises(ValueError, match="constant, linear"):
+        sampling_temperature(0, 4, 1.0, "cosine")
+
+
+@pytest.mark.parametrize("anneal", ["constant", "linear"])
+def test_decode_samples_each_iteration_at_its_scheduled_temperature(monkeypatch, anneal):
+    b, n, k, steps = 2, 16, 5, 4
+    used = []
+
+    def recorded(step, total, temperature, schedule="constant"):
+        used.append(sampling_temperature(step, total, temperature, schedule))
+        return used[-1]
+
+    monkeypatch.setattr(masking, "sampling_temperature", recorded)
+    decode(lambda ids: torch.zeros(b, n, k), b, n, k, steps, torch.Generator().manual_seed(0), torch.device("cpu"),
+           temperature=0.8, temperature_anneal=anneal)
+    assert used == pytest.approx([0.8] * 4 if anneal == "constant" else [0.6, 0.4, 0.2, 0.0])
+
+
+def test_an_annealed_last_iteration_takes_the_most_likely_token():
+    """Temperature 0 (the linear anneal's last iteration; its only one with steps=1) is greedy; a constant
+    temperature draws from the softmax."""
+    b, n, k = 64, 16, 5
+    logits = torch.zeros(b, n, k)
+    logits[..., 2] = 0.5  # token 2 the most likely, but only slightly
+    run = lambda anneal: decode(lambda ids: logits, b, n, k, 1, torch.Generator().manual_seed(0),  # noqa: E731
+                                torch.device("cpu"), temperature_anneal=anneal)
+    assert (run("linear") == 2).all()
+    assert 0.2 < (run("constant") == 2).float().mean() < 0.5  # softmax: e^0.5 / (4 + e^0.5) ≈ 0.29

@@ -40,9 +40,12 @@ class PhenakiConfig(MaskedTokenConfig):
     tokens: VideoTokenInputConfig
     seq_len: int | None = Field(None, gt=0, description="tokens per clip (t·h·w at data.video.num_frames); must "
                                                         "equal the tokenizer's (default: taken from it)")
+    cond_dropout_prob: float = Field(0.25, ge=0.0, lt=1.0, description="share of clips trained without text "
+                                                                       "(classifier-free guidance): phenaki-pytorch's "
+                                                                       "cond_drop_prob (maskgit's default: MUSE's 0.1)")
     sample_steps: Annotated[int, OnResume.CHANGE] = Field(
-        12, gt=0, description="parallel decoding iterations (Phenaki: 12 to 48); with decode_order=frames, per token "
-                              "frame")
+        12, gt=0, description="parallel decoding iterations (Phenaki: 12 to 48; phenaki-pytorch: 18, genforge keeps "
+                              "the paper's 12, its figures' setting); with decode_order=frames, per token frame")
     decode_order: Annotated[Literal["parallel", "frames"], OnResume.CHANGE] = Field(
         "parallel", description="parallel: MaskGIT's decoding of every token of the clip together; frames: token "
                                 "frame by token frame, each decoded with sample_steps iterations given the ones "

@@ -1,16 +1,20 @@
 """Phenaki as phenaki-pytorch trains it, beside genforge's variant: padding removed from self-attention (a key mask),
 training on images alone (data.images.ratio 1), the self critic and a critic trained jointly with the generator
-(one loss, critic_loss_weight), and one clip file per caption (`genforge sample --prompts FILE --out DIR`)."""
+(one loss, critic_loss_weight), one clip file per caption (`genforge sample --prompts FILE --out DIR`), the seed's
+condition dropout by default, and its decoding options (an annealed temperature, a guided critic)."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from genforge.app.api import load_run
 from genforge.app.config import load_config
+from genforge.masked import task as task_module
 from genforge.cli import app
 from genforge.core.config import ConfigError
 from genforge.core.random import BatchRandom
@@ -21,6 +25,7 @@ from genforge.engine.logging import caption_slug
 from test_phenaki import CAPTIONS, task_of
 
 runner = CliRunner()
+OLD_RUNS = Path(__file__).parents[2] / "fixtures" / "runs-3f8e24e"
 
 
 @pytest.mark.parametrize("positions", ["absolute", "rotary"])
@@ -141,3 +146,40 @@ def test_sample_prompts_file_to_a_folder_writes_one_clip_per_caption(tmp_path):
     assert result.exit_code == 0 and len(list((tmp_path / "held-out").glob("*_moving_*.gif"))) == 2, result.output
     result = runner.invoke(app, ["sample", str(run_dir), "--out", str(tmp_path / "grid.gif"), "--format", "mp4"])
     assert result.exit_code == 2 and "--format" in result.output
+
+
+def test_condition_dropout_is_phenaki_pytorchs_by_default_and_kept_where_measured_or_trained():
+    """phenaki-pytorch's Phenaki(cond_drop_prob=0.25), read from the built task of a preset that leaves it unset;
+    the presets whose figures were measured at genforge's former 0.1 pin it, and an old run keeps what it trained
+    with (its config.yaml holds the value)."""
+    task = task_of()
+    assert "cond_dropout_prob" not in load_config("phenaki-debug").model.model_fields_set
+    assert task.cfg.cond_dropout_prob == 0.25
+    for preset in ("phenaki-moving-shapes", "phenaki-moving-shapes-gpu", "phenaki-paper"):
+        assert load_config(preset).model.cond_dropout_prob == 0.1
+    assert load_run(OLD_RUNS / "phenaki", device="cpu").config.model.cond_dropout_prob == 0.1
+
+
+@pytest.mark.parametrize("decode_order", ["parallel", "frames"])
+def test_phenaki_decodes_with_an_annealed_temperature_and_a_guided_critic(monkeypatch, decode_order):
+    """phenaki-pytorch's Phenaki.sample: the temperature annealed to 0 and the critic's scores guided, every
+    `decode` of the clip (one per token frame with decode_order=frames) given both."""
+    task = task_of("model.critic.depth=1", "model.critic.cond_dropout_prob=0.25").eval()
+    seen = []
+    real_decode = task_module.decode
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(task_module, "decode", spy)
+    gen = torch.Generator().manual_seed(0)
+    options = task.resolve(PhenakiSampleOptions(prompt="a red circle moving left", temperature=0.9,
+                                                temperature_anneal="linear", critic_guidance=True,
+                                                decode_order=decode_order))
+    clips = task.sample(task.sample_conditions(2, gen, options), gen, 2, options)
+    assert clips.shape == (2, 3, 5, 16, 16) and torch.isfinite(clips).all()
+    assert len(seen) == (3 if decode_order == "frames" else 1)
+    assert all(k["temperature_anneal"] == "linear" and k["temperature"] == 0.9 for k in seen)
+    settings = task.sampler_settings(options)
+    assert settings["critic_guidance"] is True and settings["temperature_anneal"] == "linear"
