@@ -1,5 +1,9 @@
 """What the training-step benchmarks share (benchmarks/train_step.py, benchmarks/gpu.py, benchmarks/maskgit_sampling.py).
 
+Tables are printed row by row (`row`, `note`); with `--report FILE` (`add_report_arg`, `report_to`) each line is
+also appended to FILE as it is printed, so a run stopped at any point (a time limit, a killed call) leaves every
+finished row there.
+
 genforge's step is the real `Trainer`'s: a trainer is built from a preset + overrides (`make_trainer`) in a temporary
 run directory, and `time_trainer` runs what one iteration of `Trainer._loop` runs, in its order: the micro-batches
 from the trainer's own data loader (`Trainer._batches`, so the loader is timed), `train_step` (forward, backward,
@@ -26,7 +30,7 @@ import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -48,6 +52,35 @@ def doc_parser(doc: str) -> argparse.ArgumentParser:
     head, *rest = doc.split("\n\n")
     return argparse.ArgumentParser(description=head, formatter_class=argparse.RawDescriptionHelpFormatter,
                                    epilog="\n\n".join(rest))
+
+
+_REPORT: list[Path] = []  # where `note` appends besides stdout (report_to)
+
+
+def add_report_arg(parser: argparse.ArgumentParser) -> None:
+    """`--report FILE`: the printed table, also appended to FILE line by line as it is measured."""
+    parser.add_argument("--report", type=Path, help="also append each table line to this file as it is printed")
+
+
+def report_to(path: Path | None) -> None:
+    """Append every later `note` / `row` to `path` too (None: stdout only)."""
+    _REPORT[:] = [] if path is None else [path]
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def note(text: str = "") -> None:
+    """Print `text` (flushed) and append it to the report file, opened and closed per line: nothing waits in a
+    buffer when the process is killed."""
+    print(text, flush=True)
+    for path in _REPORT:
+        with open(path, "a") as report:
+            report.write(text + "\n")
+
+
+def row(cells: Sequence[object]) -> None:
+    """A markdown table row, as `note`."""
+    note("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 def run_table_args(doc: str, tool: str, probe_steps: int, argv: list[str] | None,
@@ -231,9 +264,11 @@ def host_sync_per_phase(trainer: Trainer) -> None:
     trainer._optimizer_step = synced
 
 
-def time_trainer(trainer: Trainer, steps: int, warmup: int) -> StepTimes:
+def time_trainer(trainer: Trainer, steps: int, warmup: int,
+                 after_step: Callable[[int, float], None] = lambda i, seconds: None) -> StepTimes:
     """Run `warmup` + `steps` optimizer steps of `trainer` as `Trainer._loop` runs them (see the module docstring);
-    the wall time of each, and of the timed ones the time waiting for the loader."""
+    the wall time of each, and of the timed ones the time waiting for the loader. `after_step(i, seconds)` runs
+    after step i's clock stops (a profiler's `step`, a row per step)."""
     tc, device = trainer.run.train, trainer.accelerator.device.type
     times = StepTimes(tc.batch_size)
     logs = StepLogs()
@@ -256,6 +291,7 @@ def time_trainer(trainer: Trainer, steps: int, warmup: int) -> StepTimes:
             else:
                 times.step_s.append(elapsed)
                 times.loader_s.append(loaded - t0)
+            after_step(i, elapsed)
     finally:
         batches.close()  # stops the loader's workers
     return times

@@ -20,6 +20,8 @@ add its own time).
 
     python benchmarks/gpu.py [--batch 64] [--compile] [--reference ~/src/DiT] [--steps 20] [--warmup 5]
     python benchmarks/gpu.py --tiny        # tiny models, a few steps: the code path on a CPU (a test runs it)
+
+`--report FILE` appends the table to FILE row by row as it is measured (benchmarks/gpu_session.sh: $OUT/table.md).
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from common import (ModelSpec, StepTimes, bench_trainer, bf16_native, compile_overrides, device_type, dit, matmul_gflops,
-                    peak_memory_gib, reset_peak_memory, sampling_seconds, time_reference, time_trainer,
-                    train_flops_per_image)
+from common import (ModelSpec, StepTimes, add_report_arg, bench_trainer, bf16_native, compile_overrides, device_type,
+                    dit, matmul_gflops, note, peak_memory_gib, report_to, reset_peak_memory, row, sampling_seconds,
+                    time_reference, time_trainer, train_flops_per_image)
 from genforge.app.config import load_config
 from genforge.app.runs import build_task
 
@@ -67,10 +69,6 @@ def peak_tflops(device: str, precision: str, given: float | None) -> tuple[float
         if all(part in name for part in parts):
             return tflops, f"dense bf16 peak of the {' '.join(parts)}"
     return None, f"unknown GPU {name!r}: pass --peak-tflops for MFU"
-
-
-def row(cells: list[object]) -> None:
-    print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
 
 
 def train_row(model: str, impl: str, times: StepTimes, precision: str, flops: float, peak: float | None,
@@ -114,7 +112,7 @@ def bench_maskgit(args: argparse.Namespace, device: str) -> None:
     task = build_task(cfg, device=device).eval()
     model = (f"MaskGIT {cfg.model.depth}x{cfg.model.width}, {task.grid}x{task.grid} ids"
              + (" (tiny)" if args.tiny else ""))
-    print()
+    note()
     row(["MaskGIT sampling", "batch", "steps", "precision", "s/image", "images/s", "first call s"])
     row(["---"] * 7)
     for batch in args.maskgit_batch:
@@ -139,7 +137,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--tiny", action="store_true",
                         help="tiny models, batch 4, 2 steps after 1, no loader workers: the code path on a CPU")
+    add_report_arg(parser)
     args = parser.parse_args()
+    report_to(args.report)
     if args.tiny:
         args.batch, args.steps, args.warmup, args.workers, args.maskgit_repeats = 4, 2, 1, 0, 1
     if args.compile and args.warmup < 1:
@@ -150,17 +150,17 @@ def main() -> None:
     device = device_type()
     peak, peak_source = peak_tflops(device, args.precision, args.peak_tflops)
     where = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{where}; torch {torch.__version__}; median of {args.steps} steps after {args.warmup}; "
-          f"data.num_workers={args.workers}")
-    print(f"MFU against {'n/a' if peak is None else f'{peak:.4g} TFLOP/s'} ({peak_source})")
-    print()
+    note(f"{where}; torch {torch.__version__}; median of {args.steps} steps after {args.warmup}; "
+         f"data.num_workers={args.workers}")
+    note(f"MFU against {'n/a' if peak is None else f'{peak:.4g} TFLOP/s'} ({peak_source})")
+    note()
     row(COLUMNS)
     row(["---"] * len(COLUMNS))
     for size in args.models:
         bench_dit(size, (TINY_DITS if args.tiny else DITS)[size], args, device, peak)
     bench_maskgit(args, device)
     if device == "cpu":
-        print(f"\nprocess peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+        note(f"\nprocess peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 
 if __name__ == "__main__":

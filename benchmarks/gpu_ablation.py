@@ -28,6 +28,9 @@ that fails (out of memory, a backend that refuses the shapes) prints its error a
 
     python benchmarks/gpu_ablation.py --reference .ref/DiT --budget-s 240
     python benchmarks/gpu_ablation.py --tiny        # tiny models, a few steps: the code path on a CPU (a test runs it)
+
+`--report FILE` appends the table to FILE row by row as each row is measured (benchmarks/gpu_session.sh:
+$OUT/ablation.md), so a call cut at its limit keeps every finished row.
 """
 
 from __future__ import annotations
@@ -45,10 +48,11 @@ from typing import Callable, Iterator
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import (ModelSpec, StepTimes, bench_trainer, compile_overrides, device_type, host_sync_per_phase,
-                    peak_memory_gib, reset_peak_memory, time_reference, time_trainer, train_flops_per_image)
+from common import (ModelSpec, StepTimes, add_report_arg, bench_trainer, compile_overrides, device_type,
+                    host_sync_per_phase, note, peak_memory_gib, report_to, reset_peak_memory, row, time_reference,
+                    time_trainer, train_flops_per_image)
 from genforge.engine.logging import StepLogs
-from gpu import COLUMNS, DITS, TINY_DITS, peak_tflops, row, train_row
+from gpu import COLUMNS, DITS, TINY_DITS, peak_tflops, train_row
 
 ATTENTION = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
              "efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -269,10 +273,10 @@ def loss_curve(table: Table, fast: Lever, args: argparse.Namespace) -> None:
     """The first `--loss-steps` losses of the eager fp32 step against those of `fast` in bf16 (same seed, weights,
     data and noise), at batch `fast.batch`."""
     spec, model = table.specs[table.model_names[0]], table.model_names[0]
-    print(f"\nLoss curve, {model} batch {fast.batch}: eager fp32 against {fast.label()} in bf16 (same seed, weights, "
-          "data and noise)\n")
+    note(f"\nLoss curve, {model} batch {fast.batch}: eager fp32 against {fast.label()} in bf16 (same seed, weights, "
+         "data and noise)\n")
     if table.left() < args.min_row_s:
-        print("skipped: budget spent")
+        note("skipped: budget spent")
         return
     workers = [f"data.num_workers={args.workers}"]
     try:
@@ -282,7 +286,7 @@ def loss_curve(table: Table, fast: Lever, args: argparse.Namespace) -> None:
             bf16 = step_losses(spec, fast.batch, "bf16", [*workers, *compile_overrides(fast.compiled)],
                                args.loss_steps, fast)
     except Exception as err:  # noqa: BLE001 - the table's other rows still print
-        print(f"failed: {type(err).__name__}: {err}")
+        note(f"failed: {type(err).__name__}: {err}")
         return
     finally:
         release()
@@ -292,8 +296,8 @@ def loss_curve(table: Table, fast: Lever, args: argparse.Namespace) -> None:
     for step, (a, b) in enumerate(zip(fp32, bf16), start=1):
         differences.append(abs(b - a) / abs(a))
         row([step, f"{a:.5f}", f"{b:.5f}", f"{differences[-1]:.2%}"])
-    print(f"\nmean loss: eager fp32 {statistics.fmean(fp32):.5f}, bf16 {statistics.fmean(bf16):.5f}; largest step "
-          f"difference {max(differences):.2%}\n")
+    note(f"\nmean loss: eager fp32 {statistics.fmean(fp32):.5f}, bf16 {statistics.fmean(bf16):.5f}; largest step "
+         f"difference {max(differences):.2%}\n")
     row(COLUMNS)
     row(["---"] * len(COLUMNS))
 
@@ -323,7 +327,9 @@ def main() -> None:
                                                                   "compiling: a quick check on a CPU)")
     parser.add_argument("--tiny", action="store_true", help="tiny models, batches 4 and 8, 2 steps after 1, no "
                                                             "loader workers: the code path on a CPU")
+    add_report_arg(parser)
     args = parser.parse_args()
+    report_to(args.report)
     if args.tiny:
         args.batches, args.steps, args.warmup, args.workers = [4, 8], 2, 1, 0
         args.loss_steps, args.loss_batch, args.min_row_s = 3, 4, 0.0
@@ -332,15 +338,15 @@ def main() -> None:
     device = device_type()
     peak, peak_source = peak_tflops(device, "bf16", args.peak_tflops)
     where = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{where}; torch {torch.__version__}; bf16; median of {args.steps} steps after {args.warmup}; "
-          f"data.num_workers={args.workers}; budget {args.budget_s:.0f} s")
-    print(f"MFU against {'n/a' if peak is None else f'{peak:.4g} TFLOP/s'} ({peak_source})\n")
+    note(f"{where}; torch {torch.__version__}; bf16; median of {args.steps} steps after {args.warmup}; "
+         f"data.num_workers={args.workers}; budget {args.budget_s:.0f} s")
+    note(f"MFU against {'n/a' if peak is None else f'{peak:.4g} TFLOP/s'} ({peak_source})\n")
     row(COLUMNS)
     row(["---"] * len(COLUMNS))
     dits = TINY_DITS if args.tiny else DITS
     table = Table({f"DiT-{m}" + (" (tiny)" if args.tiny else ""): dits[m] for m in args.models}, args, device, peak)
     best = run_ablation(table, args)
-    print(f"\nfastest step: {best.label()} at batch {best.batch}")
+    note(f"\nfastest step: {best.label()} at batch {best.batch}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ SD-VAE latents) with random weights (the time does not depend on them); the VAE 
 
     python benchmarks/gpu_sampling.py --reference .ref/DiT
     python benchmarks/gpu_sampling.py --tiny        # tiny model, a few steps: the code path on a CPU (a test runs it)
+
+`--report FILE` appends the table to FILE row by row as each is measured (benchmarks/gpu_session.sh: $OUT/sampling.md).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from common import autocast, device_type, load_reference, synchronize
+from common import add_report_arg, autocast, device_type, load_reference, note, report_to, row, synchronize
 from genforge.app.runs import build_task
 from genforge.core.config import SampleOptions
-from gpu import DITS, TINY_DITS, row
+from gpu import DITS, TINY_DITS
 
 FID_SAMPLES = 50_000
 
@@ -107,15 +109,17 @@ def main() -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--tiny", action="store_true", help="tiny model, batch 2, 6 steps: the code path on a CPU")
+    add_report_arg(parser)
     args = parser.parse_args()
+    report_to(args.report)
     if args.tiny:
         args.batch, args.steps, args.reference_steps = 2, 6, 2
     if args.threads:
         torch.set_num_threads(args.threads)
     device = device_type()
     where = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{where}; torch {torch.__version__}; DDPM, {args.steps} steps, guidance {args.cfg_scale}; random weights; "
-          f"VAE decode and FID features not included\n")
+    note(f"{where}; torch {torch.__version__}; DDPM, {args.steps} steps, guidance {args.cfg_scale}; random weights; "
+         f"VAE decode and FID features not included\n")
     row(["model", "implementation", "batch", "steps", "guidance", "precision", "s/call", "images/s",
          f"{FID_SAMPLES} samples, min", "first call s"])
     row(["---"] * 10)

