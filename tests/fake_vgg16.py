@@ -28,3 +28,14 @@ def vgg_file(folder) -> str:
     path = folder / "vgg16.safetensors"
     save_file(vgg_state(), str(path))
     return str(path)
+
+
+def vgg_classifier_state(width: int) -> dict[str, torch.Tensor]:
+    """Random fc6 and fc7 under torchvision's key names, `width` wide (torchvision's: 4096; tests monkeypatch
+    genforge.nn.features.VGG16_FC_WIDTH to a small one)."""
+    gen = torch.Generator().manual_seed(1)
+    flat = 512 * 7 * 7
+    return {"classifier.0.weight": torch.randn(width, flat, generator=gen) * (2 / flat) ** 0.5,
+            "classifier.0.bias": torch.randn(width, generator=gen) * 0.1,
+            "classifier.3.weight": torch.randn(width, width, generator=gen) * (2 / width) ** 0.5,
+            "classifier.3.bias": torch.randn(width, generator=gen) * 0.1}

@@ -87,9 +87,23 @@ def interpolates(real: Tensor, fake: Tensor, epsilon: Tensor) -> Tensor:
     return eps * real + (1.0 - eps) * fake
 
 
+def last_layer_grad_norm(loss: Tensor, last_layer: Tensor) -> Tensor:
+    """‖∇_L loss‖₂ (detached) on the decoder's last layer L, the graph kept for the backward to come."""
+    (grad,) = torch.autograd.grad(loss, last_layer, retain_graph=True)
+    return grad.detach().norm()
+
+
 def adaptive_weight(nll: Tensor, generator_loss: Tensor, last_layer: Tensor, max_weight: float = 1e4) -> Tensor:
-    """λ = ‖∇_L nll‖ / (‖∇_L g‖ + 1e-4), clamped to [0, max_weight], detached (taming eq. 7), with L the
-    decoder's last layer: balances the adversarial term against the reconstruction term."""
-    (nll_grad,) = torch.autograd.grad(nll, last_layer, retain_graph=True)
-    (g_grad,) = torch.autograd.grad(generator_loss, last_layer, retain_graph=True)
-    return (nll_grad.norm() / (g_grad.norm() + 1e-4)).clamp(0.0, max_weight).detach()
+    """Taming's λ = ‖∇_L nll‖ / (‖∇_L g‖ + 1e-4), clamped to [0, max_weight], detached (Esser et al. 2021, eq. 7),
+    with L the decoder's last layer and nll the reconstruction + perceptual terms: balances the adversarial term
+    against them."""
+    return (last_layer_grad_norm(nll, last_layer) / (last_layer_grad_norm(generator_loss, last_layer) + 1e-4)
+            ).clamp(0.0, max_weight)
+
+
+def perceptual_adaptive_weight(perceptual: Tensor, generator_loss: Tensor, last_layer: Tensor,
+                               max_weight: float = 1e4) -> Tensor:
+    """MUSE's λ = ‖∇_L perceptual‖ / max(‖∇_L g‖, 1e-8), clamped to max_weight, detached (muse-maskgit-pytorch
+    VQGanVAE): taming's ratio measured on the perceptual term's gradient alone, the reconstruction term left out."""
+    return (last_layer_grad_norm(perceptual, last_layer) / last_layer_grad_norm(generator_loss, last_layer)
+            .clamp(min=1e-8)).clamp(0.0, max_weight)

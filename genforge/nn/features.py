@@ -119,6 +119,10 @@ class FrozenFeatures(nn.Module):
         """Intermediate feature maps of `images` (float in [-1, 1]) resized to `size`, differentiable."""
         raise NotImplementedError
 
+    def global_features(self, images: Tensor, size: int | None = None) -> Tensor:
+        """One feature vector [B, D] per image of `images` (float in [-1, 1]) resized to `size`, differentiable."""
+        raise NotImplementedError
+
 
 class PoolFeatures(Protocol):
     """What FID/KID/PRDC need of a feature network: one vector per image and what identifies the vectors."""
@@ -200,6 +204,11 @@ class InceptionFeatures(FrozenFeatures):
                 break
         return out
 
+    def global_features(self, images: Tensor, size: int | None = None) -> Tensor:
+        """[B, 2048]: the spatial mean of the last block (mixed_10) at input `size`² (as `blocks`), differentiable;
+        at 299px it is the network's pool3 output (pool2 averages mixed_10's 8x8 map), at 75px mixed_10 is 1x1."""
+        return self.blocks(images, size)[-1].mean((2, 3))
+
 
 class InceptionLogits(nn.Module):
     """The 1008-way classifier of the FID Inception-v3 on its pool3 features, for the Inception Score: logits =
@@ -269,6 +278,11 @@ class I3DFeatures(nn.Module):
 VGG16_LAYOUT = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512)
 LPIPS_TAPS = (3, 8, 15, 22, 29)  # relu1_2, relu2_2, relu3_3, relu4_3, relu5_3
 LPIPS_CHANNELS = (64, 128, 256, 512, 512)
+# torchvision's VGG16 head: features -> max pool -> adaptive average pool to 7x7 -> classifier.0 (fc6) -> ReLU ->
+# dropout -> classifier.3 (fc7) -> ReLU -> dropout -> classifier.6 (the 1000 logits)
+VGG16_POOL = 7
+VGG16_FC_WIDTH = 4096
+VGG16_FC_KEYS = ("classifier.0.weight", "classifier.0.bias", "classifier.3.weight", "classifier.3.bias")
 # LPIPS ScalingLayer: ImageNet mean/std expressed for inputs in [-1, 1]
 LPIPS_SHIFT = (-0.030, -0.088, -0.188)
 LPIPS_SCALE = (0.458, 0.448, 0.450)
@@ -304,9 +318,11 @@ def _vgg_key(key: str) -> str:
 
 class VGG16Features(FrozenFeatures):
     """VGG16 conv stack returning the five LPIPS layers; weights from torchvision (`features.N.weight`) or
-    LPIPS (`net.sliceK.N.weight`) key names, plus LPIPS's linear heads `linK.model.1.weight` when present."""
+    LPIPS (`net.sliceK.N.weight`) key names, plus LPIPS's linear heads `linK.model.1.weight` when present. With
+    `classifier`, also torchvision's fc6 and fc7 (`classifier.0.*`, `classifier.3.*`, required then) for
+    `global_features`, the features muse-maskgit-pytorch's perceptual loss compares."""
 
-    def __init__(self, weights_path: str | Path | Sequence[str | Path]) -> None:
+    def __init__(self, weights_path: str | Path | Sequence[str | Path], classifier: bool = False) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = 3
@@ -320,8 +336,28 @@ class VGG16Features(FrozenFeatures):
         self.register_buffer("shift", torch.tensor(LPIPS_SHIFT).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("scale", torch.tensor(LPIPS_SCALE).view(1, 3, 1, 1), persistent=False)
         self.weights_path = weights_path
-        self.lin = self._load(load_weights(weights_path))
+        tensors = load_weights(weights_path)
+        self.lin = self._load(tensors)
+        self.fc = self._load_classifier(tensors) if classifier else None
         self.freeze()
+
+    def _load_classifier(self, tensors: dict[str, Tensor]) -> nn.Sequential:
+        """fc6 -> ReLU -> fc7 -> ReLU of torchvision's VGG16 (its dropouts are identities in eval mode)."""
+        width, flat = VGG16_FC_WIDTH, LPIPS_CHANNELS[-1] * VGG16_POOL**2
+        fc = nn.Sequential(nn.Linear(flat, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+        missing = [k for k in VGG16_FC_KEYS if k not in tensors]
+        if missing:
+            raise ValueError(f"VGG16 weights {self.weights_path}: missing {', '.join(missing)}; the feature MSE of "
+                             "MUSE's perceptual loss reads fc7, so it needs a torchvision VGG16 state dict with its "
+                             "classifier (LPIPS files have the conv layers only)")
+        ours = dict(zip(VGG16_FC_KEYS, fc.state_dict()))  # classifier.0.weight -> 0.weight, classifier.3.* -> 2.*
+        expected = fc.state_dict()
+        wrong = [f"{k} {tuple(tensors[k].shape)} != {tuple(expected[ours[k]].shape)}" for k in VGG16_FC_KEYS
+                 if tensors[k].shape != expected[ours[k]].shape]
+        if wrong:
+            raise ValueError(f"VGG16 weights {self.weights_path}: wrong shapes: {'; '.join(wrong)}")
+        fc.load_state_dict({ours[k]: tensors[k] for k in VGG16_FC_KEYS})
+        return fc
 
     def _load(self, tensors: dict[str, Tensor]) -> nn.ParameterList | None:
         state = {_vgg_key(k): v for k, v in tensors.items()}
@@ -357,3 +393,16 @@ class VGG16Features(FrozenFeatures):
             if index in LPIPS_TAPS:
                 out.append(x)
         return out
+
+    def global_features(self, images: Tensor, size: int | None = None) -> Tensor:
+        """[B, 4096]: fc7 after its ReLU (torchvision's VGG16 with the last two classifier layers dropped, as
+        muse-maskgit-pytorch's VQGanVAE takes it) of images (float in [-1, 1], ImageNet-normalised as the network
+        was trained), differentiable; needs `classifier=True`."""
+        if self.fc is None:
+            raise ValueError("VGG16Features was built without its classifier (classifier=True reads fc6, fc7)")
+        if min(images.shape[-2:] if size is None else (size, size)) < 32:
+            raise ValueError(f"VGG16's fc7 needs inputs of at least 32px (five 2x2 max pools), got "
+                             f"{tuple(images.shape[-2:])}: set a resize (model.perceptual.resize)")
+        x = F.max_pool2d(self.blocks(images, size)[-1], 2)  # torchvision's features end with this pool
+        x = F.adaptive_avg_pool2d(x, VGG16_POOL).flatten(1)  # [B, 512 * 7 * 7]
+        return self.fc(x)

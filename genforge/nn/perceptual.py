@@ -1,6 +1,7 @@
-"""LPIPS-style perceptual distance (Zhang et al. 2018), a training loss of the tokenizers (and metric
-`perceptual`), over a frozen feature network of genforge.nn.features; and the video perceptual distance of
-C-ViViT (Villegas et al. 2022) on the I3D features FVD uses."""
+"""Perceptual distances over a frozen feature network of genforge.nn.features, training losses of the tokenizers:
+the LPIPS-style distance (Zhang et al. 2018) taming-transformers' VQGAN trains with (and metric `perceptual`); the
+MSE of a network's last features, as muse-maskgit-pytorch's VQGanVAE takes its perceptual loss; and the video
+perceptual distance of C-ViViT (Villegas et al. 2022) on the I3D features FVD uses."""
 
 from __future__ import annotations
 
@@ -16,6 +17,31 @@ from genforge.nn.features import (FeatureNetworkUnavailable, FrozenFeatures, I3D
                                   VGG16Features)
 from genforge.nn.frozen import Frozen
 
+Network = Literal["inception", "vgg16"]
+Distance = Literal["lpips", "feature_mse"]
+
+
+def feature_network(network: Network, weights_path: str | Path | Sequence[str | Path] | None,
+                    classifier: bool = False) -> tuple[FrozenFeatures, str]:
+    """The frozen network of a perceptual distance and a description of its weights (vgg16: `weights_path` is
+    required; with `classifier`, its fc6/fc7 too). Nothing is downloaded."""
+    if network == "inception":
+        net: FrozenFeatures = InceptionFeatures(weights_path)
+        return net, f"{net.path}"
+    if network == "vgg16":
+        if weights_path is None:
+            raise FeatureNetworkUnavailable("network='vgg16' needs weights_path: a local file with torchvision "
+                                            "VGG16 (features.N.*) or LPIPS weights; nothing is downloaded")
+        vgg = VGG16Features(weights_path, classifier=classifier)
+        return vgg, f"{weights_path}, {'LPIPS linear heads' if vgg.lin is not None else 'uniform channel weights'}"
+    raise ValueError(f"network must be 'inception' or 'vgg16', got {network!r}")
+
+
+def input_rule(network: Network, resize: int | None) -> str:
+    """How images reach the network, for the description a run prints."""
+    return (f"resized to {resize}px" if resize else
+            "at its own resolution" + (", at least 75px" if network == "inception" else ""))
+
 
 class PerceptualLoss(nn.Module):
     """LPIPS-style distance (Zhang et al. 2018, eq. 1): per layer, unit-normalise features over channels,
@@ -27,29 +53,17 @@ class PerceptualLoss(nn.Module):
     (checkpoints do not carry ~90 MB of fixed weights) and follows the images to their device.
     """
 
-    def __init__(self, network: Literal["inception", "vgg16"] = "inception",
+    def __init__(self, network: Network = "inception",
                  weights_path: str | Path | Sequence[str | Path] | None = None,
                  resize: int | None = None) -> None:
         super().__init__()
-        if network == "inception":
-            net: FrozenFeatures = InceptionFeatures(weights_path)
-            source = f"{net.path}"
-        elif network == "vgg16":
-            if weights_path is None:
-                raise FeatureNetworkUnavailable("network='vgg16' needs weights_path: a local file with torchvision "
-                                                "VGG16 (features.N.*) or LPIPS weights; nothing is downloaded")
-            net = VGG16Features(weights_path)
-            source = f"{weights_path}, {'LPIPS linear heads' if net.lin is not None else 'uniform channel weights'}"
-        else:
-            raise ValueError(f"network must be 'inception' or 'vgg16', got {network!r}")
+        net, source = feature_network(network, weights_path)
         self.network = network
         # resize=None: the images' own size (Inception: at least its minimum, 75). Forward+backward of 16 32px
         # images on 1 CPU thread: Inception 0.57 s at 75px, 1.7 s at 128px, 14 s at 299px; VGG16 0.5 s at 32px
         self.resize = resize
         self.net = Frozen(net)  # outside the module tree (see the class docstring)
-        self._description = f"perceptual distance: {network} ({source}), input " + (
-            f"resized to {self.resize}px" if self.resize else
-            "at its own resolution" + (", at least 75px" if network == "inception" else ""))
+        self._description = f"perceptual distance: {network} ({source}), input {input_rule(network, resize)}"
         console().info(self._description)
 
     def describe(self) -> str:
@@ -70,6 +84,51 @@ class PerceptualLoss(nn.Module):
             per_pixel = (diff * lin[k] if lin is not None else diff).sum(1)  # [B, H, W]
             total = total + per_pixel.mean((1, 2))
         return total
+
+
+class FeatureMSELoss(nn.Module):
+    """MUSE's perceptual loss (muse-maskgit-pytorch `VQGanVAE`): the mean squared difference of a frozen network's
+    last features, (1/D)·‖φ(x) − φ(y)‖², with no per-layer normalisation. φ: VGG16's fc7 after its ReLU (the seed's:
+    torchvision VGG16 without its last two classifier layers; the weights file must hold `classifier.0.*` and
+    `classifier.3.*`), or, where no VGG16 file is at hand, the FID Inception-v3's spatial mean of mixed_10 (the
+    network's pool3 output for a 299px input), 2048-d. Held by `Frozen`, as `PerceptualLoss`."""
+
+    def __init__(self, network: Network = "inception",
+                 weights_path: str | Path | Sequence[str | Path] | None = None,
+                 resize: int | None = None) -> None:
+        super().__init__()
+        net, source = feature_network(network, weights_path, classifier=True)
+        self.network, self.resize = network, resize
+        self.net = Frozen(net)
+        what = "fc7" if network == "vgg16" else "mean of mixed_10"
+        self._description = (f"perceptual distance: MSE of {network} {what} features ({source.split(', ')[0]}), "
+                             f"input {input_rule(network, resize)}")
+        console().info(self._description)
+
+    def describe(self) -> str:
+        """The network, its features and the weight file in use."""
+        return self._description
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        """Per-sample distance [B] between images x and y (float in [-1, 1]); its batch mean is F.mse_loss of the
+        features. The gradient reaches x (and y when it requires one)."""
+        net = self.net.on(x.device)
+        fx = net.global_features(x, self.resize)  # [B, D]
+        with torch.set_grad_enabled(torch.is_grad_enabled() and y.requires_grad):
+            fy = net.global_features(y, self.resize)
+        return (fx.float() - fy.float()).square().mean(1)
+
+
+def perceptual_distance(distance: Distance, network: Network = "inception",
+                        weights_path: str | Path | Sequence[str | Path] | None = None,
+                        resize: int | None = None) -> PerceptualLoss | FeatureMSELoss:
+    """The perceptual distance `distance` names: lpips, taming's LPIPS-style `PerceptualLoss`; feature_mse, MUSE's
+    `FeatureMSELoss`."""
+    if distance == "feature_mse":
+        return FeatureMSELoss(network, weights_path, resize)
+    if distance == "lpips":
+        return PerceptualLoss(network, weights_path, resize)
+    raise ValueError(f"distance must be 'lpips' or 'feature_mse', got {distance!r}")
 
 
 class VideoPerceptualLoss(nn.Module):

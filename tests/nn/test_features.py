@@ -70,6 +70,28 @@ def test_inception_blocks_shapes_and_minimum_size(inception):
         inception.blocks(images, size=64)
 
 
+def test_inception_global_features_are_its_pool3_feature_at_299px(inception):
+    """The spatial mean of mixed_10 (what MUSE's feature-MSE loss compares on Inception) is the network's own pool3
+    output for the same 299px input."""
+    images, _ = render_batch(2, 32, seed=4)
+    pool3 = inception.net(inception.to_input(images, 299))  # the TorchScript's forward: layers, pool2, reshape
+    torch.testing.assert_close(inception.global_features(images, 299), pool3, atol=1e-4, rtol=1e-4)
+    assert inception.global_features(images).shape == (2, 2048)  # 75px by default: mixed_10 is 1x1
+
+
+def test_vgg16_classifier_is_read_only_when_asked_and_must_be_whole(vgg_file, tmp_path):
+    assert VGG16Features(vgg_file).fc is None  # the fixture's stray classifier.0.bias is ignored
+    with pytest.raises(ValueError, match="built without its classifier"):
+        VGG16Features(vgg_file).global_features(torch.zeros(1, 3, 32, 32))
+    with pytest.raises(ValueError, match="missing classifier.0.weight, classifier.3.weight, classifier.3.bias"):
+        VGG16Features(vgg_file, classifier=True)
+    wrong = tmp_path / "wrong-fc.safetensors"
+    save_file({**vgg_state(), **{k: torch.zeros(3, 3) if k.endswith("weight") else torch.zeros(3)
+                                 for k in features.VGG16_FC_KEYS}}, str(wrong))
+    with pytest.raises(ValueError, match=r"wrong shapes: classifier.0.weight \(3, 3\) != \(4096, 25088\)"):
+        VGG16Features(wrong, classifier=True)
+
+
 def test_perceptual_distance_zero_growing_and_differentiable(perceptual):
     images, _ = render_batch(4, 32, seed=2)
     assert perceptual(images, images).abs().max() < 1e-6

@@ -1,8 +1,11 @@
-"""Config of the `vqgan` family: the VQGAN of taming-transformers (Esser et al. 2021) as MUSE trains it
-(lucidrains' muse-maskgit-pytorch `VQGanVAE`), with the quantizer as a choice: vector quantization (van den
-Oord et al. 2017) with an EMA or a learnt codebook, optionally l2-normalised codes (ViT-VQGAN, Yu et al.
-2022); lookup-free quantization (LFQ, MAGVIT-v2, Yu et al. 2023); finite scalar quantization (FSQ, Mentzer
-et al. 2023)."""
+"""Config of the `vqgan` family: the VQGAN of taming-transformers (Esser et al. 2021), trained by default with
+taming's objective (LPIPS-style perceptual loss, adversarial weight 0.1 · ‖∇(rec + perceptual)‖/‖∇GAN‖) and
+MUSE's gradient penalty on the discriminator; MUSE's own objective (lucidrains' muse-maskgit-pytorch `VQGanVAE`:
+feature-MSE perceptual loss, adversarial weight 1.0 · ‖∇perceptual‖/‖∇GAN‖) is `perceptual.distance:
+feature_mse` with `gan.adversarial_weight: adaptive_perceptual` (preset vqgan-muse). The quantizer is a choice:
+vector quantization (van den Oord et al. 2017) with an EMA or a learnt codebook, optionally l2-normalised codes
+(ViT-VQGAN, Yu et al. 2022); lookup-free quantization (LFQ, MAGVIT-v2, Yu et al. 2023, MUSE's default); finite
+scalar quantization (FSQ, Mentzer et al. 2023)."""
 
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ from genforge.tokenizers.config import ConvStackConfig, GANConfig, Penalty
 
 
 class MuseGANConfig(GANConfig):
-    """The patch GAN as MUSE trains its VQGAN: with muse-maskgit-pytorch VQGanVAE's gradient penalty by default,
-    WGAN-GP's λ · (‖∇D(x)‖ − 1)² on the real images, λ 10, every 4 discriminator steps."""
+    """The patch GAN with muse-maskgit-pytorch VQGanVAE's gradient penalty by default, WGAN-GP's
+    λ · (‖∇D(x)‖ − 1)² on the real images, λ 10, every 4 discriminator steps; its adversarial weight stays taming's
+    unless `adversarial_weight: adaptive_perceptual` (MUSE's, with weight 1.0)."""
 
     penalty: Penalty = Field("wgan_gp", description=GANConfig.model_fields["penalty"].description)
 

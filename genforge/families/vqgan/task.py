@@ -1,5 +1,5 @@
-"""vqgan as a Task: rec + perceptual + quantizer loss + adaptive patch-GAN (taming's VQLPIPSWithDiscriminator,
-MUSE's VQGanVAE), the discriminator as the second phase (genforge/tokenizers/task.py)."""
+"""vqgan as a Task: rec + perceptual + quantizer loss + adaptive patch-GAN (taming's VQLPIPSWithDiscriminator by
+default, MUSE's VQGanVAE objective by option), the discriminator as the second phase (genforge/tokenizers/task.py)."""
 
 from __future__ import annotations
 
