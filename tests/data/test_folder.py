@@ -191,19 +191,12 @@ def test_metadata_files_missing_a_column_are_refused_naming_it(tmp_path):
         DataConfig(source="shapes", label_column="label")
 
 
-def test_a_metadata_folder_trains_a_text_model_on_its_captions(tmp_path, monkeypatch):
-    """A folder laid out for diffusers' train_text_to_image.py (images + metadata.jsonl, no sidecars) trains CLIP's
-    text tower: the metadata captions are the batch's `text`, and the row naming no image is listed as skipped."""
+def train_clip_debug_on(folder, run_dir, monkeypatch) -> tuple[list[str], object]:
+    """Train clip-debug 3 steps on an image folder; return the captions its batches held, and its config."""
     from genforge.app.config import load_config
     from genforge.app.runs import make_trainer
     from genforge.families.clip.task import ClipTask
 
-    names = [f"{i:02d}.png" for i in range(7)]  # + the row naming no image: 8 samples, one global batch
-    _tree(tmp_path / "data", names)
-    captions = {name: f"picture number {i}" for i, name in enumerate(names)}
-    rows = [{"file_name": name, "text": caption} for name, caption in captions.items()]
-    rows.append({"file_name": "missing.png", "text": "nothing"})
-    (tmp_path / "data" / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     seen: list[str] = []
     plain = ClipTask.loss
 
@@ -212,9 +205,22 @@ def test_a_metadata_folder_trains_a_text_model_on_its_captions(tmp_path, monkeyp
         return plain(self, batch, phase, step)
 
     monkeypatch.setattr(ClipTask, "loss", loss)
-    cfg = load_config("clip-debug", ["data.source=folder", f"data.path={tmp_path / 'data'}", "train.steps=3",
+    cfg = load_config("clip-debug", ["data.source=folder", f"data.path={folder}", "train.steps=3",
                                      "train.sample_every=0", "train.checkpoint_every=3", "eval.every=0"])
-    make_trainer(cfg, tmp_path / "run").fit()
+    make_trainer(cfg, run_dir).fit()
+    return seen, cfg
+
+
+def test_a_metadata_folder_trains_a_text_model_on_its_captions(tmp_path, monkeypatch):
+    """A folder laid out for diffusers' train_text_to_image.py (images + metadata.jsonl, no sidecars) trains CLIP's
+    text tower: the metadata captions are the batch's `text`, and the row naming no image is listed as skipped."""
+    names = [f"{i:02d}.png" for i in range(7)]  # + the row naming no image: 8 samples, one global batch
+    _tree(tmp_path / "data", names)
+    captions = {name: f"picture number {i}" for i, name in enumerate(names)}
+    rows = [{"file_name": name, "text": caption} for name, caption in captions.items()]
+    rows.append({"file_name": "missing.png", "text": "nothing"})
+    (tmp_path / "data" / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    seen, _ = train_clip_debug_on(tmp_path / "data", tmp_path / "run", monkeypatch)
     assert len(seen) == 3 * 8 and set(seen) <= set(captions.values())
     skipped = [json.loads(line) for line in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()]
     assert [(s["key"], s["reason"]) for s in skipped] == [
@@ -226,10 +232,7 @@ def test_a_split_folder_trains_on_train_with_list_captions_and_counts_what_it_le
     """train/ and test/ with metadata.jsonl (lists of captions, as diffusers' datasets hold them): only train's rows
     train, one caption of each list drawn per sample; an image without a row is left out, said at the start and in
     the closing summary (not a skipped sample); held-out samples come from test, which the run says."""
-    from genforge.app.config import load_config
-    from genforge.app.runs import make_trainer
     from genforge.data.loader import heldout_batch
-    from genforge.families.clip.task import ClipTask
 
     root = tmp_path / "data"
     train_names, test_names = [f"train/{i}.png" for i in range(8)], ["test/a.png", "test/b.png"]
@@ -240,17 +243,7 @@ def test_a_split_folder_trains_on_train_with_list_captions_and_counts_what_it_le
         for name, captions in train_captions.items()))
     (root / "test" / "metadata.jsonl").write_text("".join(
         json.dumps({"file_name": name.split("/")[1], "text": [f"held out {name}"]}) + "\n" for name in test_names))
-    seen: list[str] = []
-    plain = ClipTask.loss
-
-    def loss(self, batch, phase, step):
-        seen.extend(batch["text"])
-        return plain(self, batch, phase, step)
-
-    monkeypatch.setattr(ClipTask, "loss", loss)
-    cfg = load_config("clip-debug", ["data.source=folder", f"data.path={root}", "train.steps=3",
-                                     "train.sample_every=0", "train.checkpoint_every=3", "eval.every=0"])
-    make_trainer(cfg, tmp_path / "run").fit()
+    seen, cfg = train_clip_debug_on(root, tmp_path / "run", monkeypatch)
     allowed = {c for captions in train_captions.values() for c in captions}
     assert len(seen) == 3 * 8 and set(seen) <= allowed and len(set(seen)) > 8  # both captions of some images
     assert not (tmp_path / "run" / "skipped.jsonl").exists()
