@@ -18,7 +18,7 @@ from genforge.engine.logging import Progress
 def fid(
     a: Annotated[Path, typer.Argument(metavar="A", help="an image folder, or statistics: .npz with mu and sigma "
                                                         "(pytorch-fid, clean-fid, EDM) or a genforge .safetensors")],
-    b: Annotated[Optional[Path], typer.Argument(metavar="[B]", help="the same kinds as A (leave out with "
+    b: Annotated[Optional[Path], typer.Argument(metavar="B", help="the same kinds as A (leave out with "
                                                                     "--save-stats to only write A's statistics)")]
     = None,
     save_stats: Annotated[Optional[Path], typer.Option(help="write A's statistics here (.npz, float64 mu [2048] "

@@ -35,6 +35,7 @@ def write_folder(folder: Path, sizes: list[tuple[int, int]], seed: int) -> Path:
     return folder
 
 
+@pytest.mark.slow  # the real Inception on 9 images, two 2048-d Fréchet distances: 135 s on a busy 2-core CPU
 def test_folders_and_their_saved_statistics_give_the_same_fid(tmp_path, monkeypatch):
     try:
         fid_inception_path()
