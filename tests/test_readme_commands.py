@@ -46,3 +46,10 @@ def test_every_readme_command_parses(command):
     args = shlex.split(command)[1:]
     result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "100"})
     assert result.exit_code == 0, f"{command}\n{result.output}"
+
+
+def test_every_benchmark_script_has_a_line_in_the_readme():
+    text = README.read_text()
+    scripts = sorted(p.name for p in (README.parent / "benchmarks").iterdir()
+                     if p.suffix in (".py", ".sh") and p.name != "common.py")
+    assert [name for name in scripts if f"| `{name}` |" not in text] == []
