@@ -125,6 +125,9 @@ class MaskedTokenConfig(FamilyConfig):
     mlp_ratio: float = Field(4.0, gt=0.0)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     conditioning: Literal["text", "class", "none"] = "text"
+    adaln: bool = Field(False, description="the pooled condition (mean of the text tokens, or the class embedding) "
+                                           "also modulates every block (adaLN: DiT §3.2), beside cross-attention; "
+                                           "zero-initialised, so training starts from the plain model")
     text: TextEncoderConfig = TextEncoderConfig()
     num_classes: int | None = Field(None, gt=0, description="conditioning=class: default from the data set")
     cond_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0, description="share of samples trained unconditionally "

@@ -5,7 +5,11 @@ token generators (maskgit over image ids, phenaki over video ids with its own po
 ids (+ [MASK]) -> token + learned position embeddings -> `depth` pre-norm blocks of self-attention,
 cross-attention to the conditioning context, MLP -> LayerNorm -> logits over the codebook.
 The context is a learned null token followed by the projected text embeddings (or one class embedding);
-classifier-free guidance's unconditional branch sees the null token alone.
+classifier-free guidance's unconditional branch sees the null token alone. With `modulation=True` the pooled context
+(the mean of the condition's tokens, or the null token where the condition is dropped) also modulates every block's
+three sub-layers (adaptive LayerNorm shift and scale, and a gate: DiT's adaLN, Peebles & Xie 2023, §3.2, whose
+ablation found it better than cross-attention alone; SD3 feeds its pooled text vector the same way), its projection
+zero-initialised, so the model starts as the plain one.
 
 Shapes: B batch, N tokens, K codebook size, D width, L context tokens (null token included), E text width.
 """
@@ -19,9 +23,11 @@ from genforge.nn.attention import Attention, CrossAttention, Mlp
 
 
 class MaskTransformerBlock(nn.Module):
-    """Pre-norm block: x + SelfAttn(LN x), + CrossAttn(LN x, context), + MLP(LN x)."""
+    """Pre-norm block: x + SelfAttn(LN x), + CrossAttn(LN x, context), + MLP(LN x); with `modulation`, each sub-layer
+    as x + (1 + gate)·f(LN(x)·(1 + scale) + shift), (shift, scale, gate) a zero-initialised linear map of the pooled
+    condition (adaLN)."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, dropout: float) -> None:
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, dropout: float, modulation: bool = False) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(dim, num_heads)
@@ -30,14 +36,22 @@ class MaskTransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.dropout = nn.Dropout(dropout)
+        self.modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 9 * dim)) if modulation else None
 
     def forward(self, x: Tensor, context: Tensor, context_mask: Tensor,
-                rotary: tuple[Tensor, Tensor] | None = None, keys: Tensor | None = None) -> Tensor:
+                rotary: tuple[Tensor, Tensor] | None = None, keys: Tensor | None = None,
+                pooled: Tensor | None = None) -> Tensor:
         # x [B, N, D], context [B, L, D], context_mask bool [B, L], rotary (cos, sin) [N, d] or None,
-        # keys bool [B, 1, 1, N] (the tokens self-attention may attend to) or None: every token
-        x = x + self.dropout(self.attn(self.norm1(x), keys, rotary=rotary))
-        x = x + self.dropout(self.cross_attn(self.norm2(x), context, context_mask))
-        return x + self.dropout(self.mlp(self.norm3(x)))  # [B, N, D]
+        # keys bool [B, 1, 1, N] (the tokens self-attention may attend to) or None: every token,
+        # pooled [B, D] (the pooled condition; used with modulation)
+        if self.modulation is None:
+            x = x + self.dropout(self.attn(self.norm1(x), keys, rotary=rotary))
+            x = x + self.dropout(self.cross_attn(self.norm2(x), context, context_mask))
+            return x + self.dropout(self.mlp(self.norm3(x)))  # [B, N, D]
+        s1, c1, g1, s2, c2, g2, s3, c3, g3 = self.modulation(pooled)[:, None].chunk(9, dim=-1)  # shift, scale, gate
+        x = x + (1 + g1) * self.dropout(self.attn(self.norm1(x) * (1 + c1) + s1, keys, rotary=rotary))
+        x = x + (1 + g2) * self.dropout(self.cross_attn(self.norm2(x) * (1 + c2) + s2, context, context_mask))
+        return x + (1 + g3) * self.dropout(self.mlp(self.norm3(x) * (1 + c3) + s3))  # [B, N, D]
 
 
 class MaskTransformer(nn.Module):
@@ -49,7 +63,8 @@ class MaskTransformer(nn.Module):
     """
 
     def __init__(self, codebook_size: int, seq_len: int, width: int, depth: int, num_heads: int,
-                 mlp_ratio: float = 4.0, dropout: float = 0.0, text_dim: int = 0, num_classes: int = 0) -> None:
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, text_dim: int = 0, num_classes: int = 0,
+                 modulation: bool = False) -> None:
         super().__init__()
         if text_dim and num_classes:
             raise ValueError("a mask transformer is conditioned on text or on classes, not both")
@@ -60,7 +75,8 @@ class MaskTransformer(nn.Module):
         self.text_proj = nn.Sequential(nn.LayerNorm(text_dim), nn.Linear(text_dim, width)) if text_dim else None
         self.class_embed = nn.Embedding(num_classes, width) if num_classes else None
         self.embed_dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(MaskTransformerBlock(width, num_heads, mlp_ratio, dropout) for _ in range(depth))
+        self.blocks = nn.ModuleList(MaskTransformerBlock(width, num_heads, mlp_ratio, dropout, modulation)
+                                    for _ in range(depth))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, codebook_size)
         self.initialize_weights()
@@ -76,6 +92,10 @@ class MaskTransformer(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
         nn.init.normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.null_context, std=0.02)
+        for block in self.blocks:
+            if block.modulation is not None:  # adaLN-Zero: the modulated model starts as the plain one
+                nn.init.zeros_(block.modulation[-1].weight)
+                nn.init.zeros_(block.modulation[-1].bias)
 
     def context(self, drop: Tensor, text_embed: Tensor | None = None, text_mask: Tensor | None = None,
                 labels: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -116,10 +136,21 @@ class MaskTransformer(nn.Module):
         keys = None
         if real is not None:
             keys = (real | ~real.any(1, keepdim=True))[:, None, None, :]  # [B, 1, 1, N]
+        pooled = pooled_context(context, context_mask) if self.blocks[0].modulation is not None else None
         for block in self.blocks:
-            x = block(x, context, context_mask, rotary, keys)
+            x = block(x, context, context_mask, rotary, keys, pooled)
         return self.norm(x)  # [B, N, D]
 
     def forward(self, ids: Tensor, context: Tensor, context_mask: Tensor, real: Tensor | None = None) -> Tensor:
         """ids [B, N] -> logits [B, N, K]; `real` as in `hidden`."""
         return self.head(self.hidden(ids, context, context_mask, real))
+
+
+def pooled_context(context: Tensor, context_mask: Tensor) -> Tensor:
+    """The condition as one vector [B, D]: the mean of the attended context tokens after the null token (the
+    sentence embedding of mean pooling, as MiniLM's sentence-transformers pool; a class's one embedding), or the null
+    token itself where the condition is dropped (classifier-free guidance's unconditional rows)."""
+    keep = context_mask[:, 1:, None].to(context.dtype)  # [B, L-1, 1]
+    count = keep.sum(1)  # [B, 1]
+    mean = (context[:, 1:] * keep).sum(1) / count.clamp(min=1)  # [B, D]
+    return torch.where(count > 0, mean, context[:, 0])

@@ -21,7 +21,8 @@ class MaskGITTask(MaskedTokenTask):
 
     def make_transformer(self, width: int, depth: int, num_heads: int, text_dim: int) -> MaskTransformer:
         return MaskTransformer(self.codebook_size, self.grid**2, width, depth, num_heads, self.cfg.mlp_ratio,
-                               self.cfg.dropout, text_dim=text_dim, num_classes=self.num_classes)
+                               self.cfg.dropout, text_dim=text_dim, num_classes=self.num_classes,
+                               modulation=self.cfg.adaln)
 
     def code_shape(self, n: int, options: MaskedSampleOptions) -> tuple[int, ...]:
         return (n, self.grid, self.grid)

@@ -62,6 +62,18 @@ class PhenakiConfig(MaskedTokenConfig):
         0, ge=0, description="a curriculum: the first N optimizer steps train on each clip's first token frame alone "
                              "(text-to-image on the clips' own first frames, a third of a clip's tokens: appearance "
                              "first, Phenaki §3.1's image training), the steps after on whole clips (motion)")
+    first_frame_every: Annotated[int, OnResume.CHANGE] = Field(
+        0, ge=0, description="after the first_frame_steps, every k-th step trains on the clips' first token frames "
+                             "again (0: never), so the clip steps do not overwrite the appearance the first frames "
+                             "taught (Phenaki §3.1 trains on images and clips together)")
+
+    def first_frame_step(self, step: int) -> bool:
+        """Whether optimizer step `step` trains on the clips' first token frames alone (the curriculum's phase, then
+        every first_frame_every-th step)."""
+        if step < self.first_frame_steps:
+            return True
+        every = self.first_frame_every
+        return bool(every) and (step - self.first_frame_steps) % every == every - 1
 
     def check_data(self, data: DataConfig) -> None:
         if data.source == "cache" and self.tokens.codec != "tokenizer":

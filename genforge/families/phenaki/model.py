@@ -31,9 +31,9 @@ class VideoMaskTransformer(MaskTransformer):
 
     def __init__(self, codebook_size: int, tokens_per_frame: int, width: int, depth: int, num_heads: int,
                  mlp_ratio: float = 4.0, dropout: float = 0.0, text_dim: int = 0, num_classes: int = 0,
-                 positions: str = "absolute") -> None:
+                 positions: str = "absolute", modulation: bool = False) -> None:
         super().__init__(codebook_size, tokens_per_frame, width, depth, num_heads, mlp_ratio, dropout, text_dim,
-                         num_classes)
+                         num_classes, modulation)
         self.tokens_per_frame = tokens_per_frame
         self.side = math.isqrt(tokens_per_frame)
         if positions == "rotary" and self.side**2 != tokens_per_frame:

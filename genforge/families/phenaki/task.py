@@ -43,7 +43,7 @@ class PhenakiTask(MaskedTokenTask):
     def make_transformer(self, width: int, depth: int, num_heads: int, text_dim: int) -> VideoMaskTransformer:
         return VideoMaskTransformer(self.codebook_size, self.grid**2, width, depth, num_heads, self.cfg.mlp_ratio,
                                     self.cfg.dropout, text_dim=text_dim, num_classes=self.num_classes,
-                                    positions=self.cfg.positions)
+                                    positions=self.cfg.positions, modulation=self.cfg.adaln)
 
     def clip_shape(self, n: int, frames: int) -> tuple[int, ...]:
         """[n, t, h, w] for clips of `frames` frames: 1 + (frames − 1) / temporal patch token frames; ValueError
@@ -67,9 +67,9 @@ class PhenakiTask(MaskedTokenTask):
         return tokens.repeat_interleave(self.model.tokens_per_frame, dim=1)  # [B, N]
 
     def loss(self, batch: Batch, phase: str, step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """The masked-token objective; during the curriculum's first `model.first_frame_steps` steps on the first
-        token frame of each clip alone (`first_frames`)."""
-        if phase == "main" and step < self.cfg.first_frame_steps:
+        """The masked-token objective; on the first token frame of each clip alone (`first_frames`) during the
+        curriculum's first `model.first_frame_steps` steps and every `model.first_frame_every`-th step after."""
+        if phase == "main" and self.cfg.first_frame_step(step):
             batch = first_frames(batch, self.model.tokens_per_frame)
         return super().loss(batch, phase, step)
 

@@ -318,6 +318,19 @@ def test_first_frame_curriculum_trains_the_first_token_frame_alone_then_whole_cl
     assert torch.equal(task.loss(cached, "main", 1)[0], losses["one frame"])  # a token cache: its first h·w ids
 
 
+def test_first_frame_steps_come_back_every_k_steps_after_the_curriculum():
+    cfg = load_config("phenaki-debug", ["model.first_frame_steps=3", "model.first_frame_every=4"]).model
+    assert [cfg.first_frame_step(step) for step in range(12)] == [True] * 3 + [False, False, False, True] * 2 + [False]
+    plain = load_config("phenaki-debug", []).model
+    assert not any(plain.first_frame_step(step) for step in range(12))
+
+
+def test_adaln_modulates_every_block_of_the_built_generator():
+    task = task_of("model.adaln=true")
+    assert all(block.modulation is not None for block in task.model.blocks)
+    assert all(block.modulation is None for block in task_of().model.blocks)
+
+
 def _weights(run_dir, step):
     ckpt = run_dir / "checkpoints" / f"step-{step:06d}"
     return load_file(str(ckpt / "model.safetensors")), load_file(str(ckpt / "ema.safetensors"))
