@@ -112,17 +112,17 @@ class TextTowerEmbedder(TextEncodingEmbedder, Protocol):
 @runtime_checkable
 class TextToImageEmbedding(Protocol):
     """Captions -> image embeddings of an ImageEmbedder's space (DALL·E 2's prior, §2.2): unit-norm [B, D], drawn
-    with `generator` and `options` (its own sampling options by name, e.g. {"steps": 32}; None: its defaults);
-    what a decoder conditioned on image embeddings is driven by for text-to-image."""
+    with `generator` and `options` (an object of its own options class, `traits.sample_options`; None: its
+    defaults); what a decoder conditioned on image embeddings is driven by for text-to-image."""
 
     embed_dim: int
+    traits: Any  # its family's traits: `traits.sample_options` is the class of the options it takes
 
-    def image_embeds_for(self, texts: list[str], generator: Any, options: Mapping[str, Any] | None = None
-                         ) -> Tensor: ...
+    def image_embeds_for(self, texts: list[str], generator: Any, options: Any = None) -> Tensor: ...
 
     def sampler_settings(self, options: Any) -> dict[str, Any]: ...  # what `options` resolve to, for the record
 
-    def resolve(self, options: Mapping[str, Any] | None = None) -> Any: ...  # its options, unset ones filled
+    def resolve(self, options: Any = None) -> Any: ...  # its options, unset ones filled
 
     def text_embeds(self, texts: list[str]) -> Tensor: ...  # its CLIP's unit-norm text embeddings [B, D]
 

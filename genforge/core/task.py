@@ -125,7 +125,7 @@ class Task(nn.Module):
         the config has a default for filled in (e.g. steps from model.diffusion.sample_steps), checked against the
         model. Callers resolve once and hand the result to `sample_conditions`, `sample` and `sampler_settings`;
         resolving resolved options changes nothing."""
-        return SampleOptions.of(options)
+        return self.traits.sample_options.of(options)
 
     def preview_options(self, train: TrainConfig) -> SampleOptions:
         """The resolved options of the training previews (a video generator: clips of train.sample_frames)."""

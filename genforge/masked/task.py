@@ -266,7 +266,7 @@ class MaskedTokenTask(Task):
         guide it from the model section; ValueError for --critic or --critic-guidance without a token critic, or
         --critic-guidance with a critic never trained without the condition."""
         c = self.cfg
-        options = MaskedSampleOptions.of(options)
+        options = super().resolve(options)
         for name in ("critic", "critic_guidance"):
             if getattr(options, name) and c.critic is None:
                 raise ValueError(f"--{name.replace('_', '-')}: this run has no token critic (model.critic)")
@@ -303,19 +303,29 @@ class MaskedTokenTask(Task):
             cond["negative_text"] = [options.negative_prompt] * n
         return Batch(**cond)
 
+    def guidance_scale(self, options: MaskedSampleOptions) -> float:
+        """The guidance scale decoding runs at: the resolved one, 1 (none) for an unconditional model."""
+        return options.cfg_scale if self.cfg.conditioning != "none" else 1.0
+
+    def uses_critic(self, options: MaskedSampleOptions) -> bool:
+        """Whether decoding re-masks by the token critic's scores (a run with a critic, asked to)."""
+        return self.cfg.critic is not None and bool(options.critic)
+
+    def critic_guided(self, options: MaskedSampleOptions) -> bool:
+        """Whether the critic's scores are guided as the generator's logits (decoding is guided and asked to)."""
+        return self.uses_critic(options) and bool(options.critic_guidance) and self.guidance_scale(options) > 1.0
+
     def sampler_settings(self, options: MaskedSampleOptions) -> dict[str, Any]:
         c = self.cfg
-        settings = {"sampler": "maskgit", "steps": options.steps,
-                    "cfg_scale": options.cfg_scale if c.conditioning != "none" else 1.0,
+        settings = {"sampler": "maskgit", "steps": options.steps, "cfg_scale": self.guidance_scale(options),
                     "temperature": options.temperature, "choice_temperature": options.choice_temperature,
                     "temperature_anneal": options.temperature_anneal, "mask_schedule": c.mask_schedule}
         if options.negative_prompt:
-            settings["negative_prompt"] = options.negative_prompt
+            settings.update(negative_prompt=options.negative_prompt)
         if c.critic is not None:
-            settings["critic"] = bool(options.critic)
-            if settings["critic"]:
-                settings["critic_noise"] = c.critic.noise
-                settings["critic_guidance"] = bool(options.critic_guidance) and settings["cfg_scale"] > 1.0
+            settings.update(critic=self.uses_critic(options))
+            if self.uses_critic(options):
+                settings.update(critic_noise=c.critic.noise, critic_guidance=self.critic_guided(options))
         return settings
 
     @torch.no_grad()
@@ -325,11 +335,11 @@ class MaskedTokenTask(Task):
         unconditional branch u from the null context or the negative prompt, and with a token critic its scores
         (guided the same way with critic_guidance, `critic_choice`); images (clips) in [-1, 1].
         `initial` (ids [n, ...code_shape], mask_id where to generate) keeps the known tokens (masking.decode)."""
-        s = self.sampler_settings(options)
         device = self.model.head.weight.device
         keep = torch.zeros(n, dtype=torch.bool, device=device)
         context, context_mask = self.context(cond, keep)
-        guided = s["cfg_scale"] > 1.0
+        scale = self.guidance_scale(options)
+        guided = scale > 1.0
         if guided:
             if "negative_text" in cond:
                 uncond, uncond_mask = self.context(cond, keep, text_key="negative_text")
@@ -341,35 +351,37 @@ class MaskedTokenTask(Task):
             if not guided:
                 return self.model(ids, context, context_mask)
             cond_logits, uncond_logits = self.model(torch.cat([ids, ids]), context, context_mask).float().chunk(2)
-            return guided_logits(cond_logits, uncond_logits, s["cfg_scale"])
+            return guided_logits(cond_logits, uncond_logits, scale)
 
-        critic_fn = self.critic_choice(cond, keep, s) if s.get("critic") else None
+        critic = self.uses_critic(options)
+        critic_fn = self.critic_choice(cond, keep, options) if critic else None
         shape = self.code_shape(n, options)
 
         def run(start: Tensor | None, generate: Tensor | None) -> Tensor:
-            return decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, s["steps"], generator, device,
-                          temperature=s["temperature"], choice_temperature=s["choice_temperature"],
+            return decode(logits_fn, n, math.prod(shape[1:]), self.model.mask_id, options.steps, generator, device,
+                          temperature=options.temperature, choice_temperature=options.choice_temperature,
                           schedule=self.cfg.mask_schedule, initial=start, critic=critic_fn,
-                          critic_noise=s.get("critic_noise", 0.0), generate=generate,
-                          temperature_anneal=s["temperature_anneal"])
+                          critic_noise=self.cfg.critic.noise if critic else 0.0, generate=generate,
+                          temperature_anneal=options.temperature_anneal)
 
-        ids = self.decode_in_order(run, shape, None if initial is None else initial.flatten(1), s)  # [n, N]
+        ids = self.decode_in_order(run, shape, None if initial is None else initial.flatten(1), options)  # [n, N]
         images = held_on(self.token_codec, ids.device).decode(ids.view(shape))  # [B, C, H, W] or [B, C, T, H, W]
         return images.float().clamp(-1, 1)
 
-    def critic_choice(self, cond: dict[str, Any], keep: Tensor, settings: dict[str, Any]) -> Callable[[Tensor], Tensor]:
+    def critic_choice(self, cond: dict[str, Any], keep: Tensor,
+                      options: MaskedSampleOptions) -> Callable[[Tensor], Tensor]:
         """Token-Critic's choice of what to re-mask, ids [n, N] -> [n, N], high = looks real: minus the critic's
-        logit of "sampled". With settings["critic_guidance"] the logits are guided as the generator's, u + s·(c − u)
-        at cfg_scale s, u under the null context or the negative prompt (phenaki-pytorch's
+        logit of "sampled". When `critic_guided`, the logits are guided as the generator's, u + s·(c − u) at the
+        guidance scale s, u under the null context or the negative prompt (phenaki-pytorch's
         critic.forward_with_cond_scale)."""
         context = self.critic_context(cond, keep)
-        if not settings.get("critic_guidance"):
+        if not self.critic_guided(options):
             return lambda ids: -self.critic_scores(ids, context)
         if "negative_text" in cond:
             uncond = self.critic_context(cond, keep, text_key="negative_text")
         else:
             uncond = self.critic_context(cond, ~keep)
-        both, scale = _stack_contexts(context, uncond), settings["cfg_scale"]
+        both, scale = _stack_contexts(context, uncond), self.guidance_scale(options)
 
         def guided(ids: Tensor) -> Tensor:
             c, u = self.critic_scores(torch.cat([ids, ids]), both).float().chunk(2)
@@ -377,7 +389,7 @@ class MaskedTokenTask(Task):
         return guided
 
     def decode_in_order(self, run: DecodeRun, shape: tuple[int, ...], initial: Tensor | None,
-                        settings: dict[str, Any]) -> Tensor:
+                        options: MaskedSampleOptions) -> Tensor:
         """ids [n, N] of `shape` from `run(start ids, positions to decode or None = every masked one)`, one
         `masking.decode`; a subclass may decode the positions in several passes (phenaki: token frame by frame)."""
         return run(initial, None)  # MaskGIT: every masked position together

@@ -13,7 +13,7 @@ train on a random crop of the image and the same region of that input (App. C) a
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -250,7 +250,7 @@ class Dalle2DecoderTask(Task):
         cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
         if "image_embed" in cond:
             cond["image_embed"] = cond["image_embed"].float()
-        elif self.conditioned_in(self.sampler_settings(options)):  # unconditioned upsamplers alone need none
+        elif self.conditioned_in(options):  # unconditioned upsamplers alone need none
             cond["image_embed"] = self.embed_images(cond["image"])
         return Batch(**cond)
 
@@ -277,15 +277,16 @@ class Dalle2DecoderTask(Task):
             if not torch.allclose(F.normalize(ours, dim=-1), theirs, atol=1e-4):
                 raise ValueError("--prior: the prior was trained over another CLIP than this decoder's "
                                  f"(model.embedder.path={self.cfg.embedder.path}); they must share one")
-        return prior.image_embeds_for(list(texts), generator, options.prior_options()).float().to(device)
+        return prior.image_embeds_for(list(texts), generator, prior_options(options)).float().to(device)
 
-    def conditioned_in(self, settings: dict[str, Any]) -> bool:
-        """Whether a stage run by `settings` (start_stage..stop_stage) is conditioned on the image embedding."""
-        return any(self.conditioned[settings["start_stage"] - 1 : settings["stop_stage"]])
+    def conditioned_in(self, options: Dalle2SampleOptions) -> bool:
+        """Whether a stage the resolved `options` run (start_stage..stop_stage) is conditioned on the image
+        embedding."""
+        return any(self.conditioned[options.start_stage - 1 : options.stop_stage])
 
     def resolve(self, options: SampleOptions | None = None) -> Dalle2SampleOptions:
         """Unset stages from the whole cascade (1 to the last), checked; sampler, steps and guidance scale stay unset
-        when not given: each stage has its own defaults (`sampler_settings`)."""
+        when not given: each stage has its own defaults (`stage_plans`)."""
         options = Dalle2SampleOptions.of(options).filled(start_stage=1, stop_stage=len(self.cfg.stages))
         given = list(options.prior_options())
         if given and options.prior is None:
@@ -296,17 +297,20 @@ class Dalle2DecoderTask(Task):
                              f"{len(self.cfg.stages)}")
         return options
 
+    def stage_plans(self, options: Dalle2SampleOptions) -> list[StagePlan]:
+        """How each stage samples: --sampler/--steps for every stage, --cfg-scale for every conditioned one (an
+        unconditioned stage is not guided: 1), else the stage's own model.diffusion defaults."""
+        return [StagePlan(options.sampler or s.diffusion.sampler, options.steps or s.diffusion.sample_steps,
+                          (options.cfg_scale or s.diffusion.cfg_scale) if s.conditioned else 1.0)
+                for s in self.cfg.stages]
+
     def sampler_settings(self, options: Dalle2SampleOptions) -> dict[str, Any]:
-        """Per stage: sampler, steps and guidance scale (--sampler/--steps apply to every stage, --cfg-scale to every
-        conditioned one; an unconditioned stage is not guided: 1), and the stages run (--start-stage, --stop-stage;
-        1-based)."""
-        stages = self.cfg.stages
-        return {"sampler": [options.sampler or s.diffusion.sampler for s in stages],
-                "steps": [options.steps or s.diffusion.sample_steps for s in stages],
-                "cfg_scale": [(options.cfg_scale or s.diffusion.cfg_scale) if s.conditioned else 1.0
-                              for s in stages],
-                "start_stage": options.start_stage, "stop_stage": options.stop_stage,
-                **self.prior_settings(options)}
+        """Per stage: sampler, steps and guidance scale (`stage_plans`), and the stages run (--start-stage,
+        --stop-stage; 1-based)."""
+        plans = self.stage_plans(options)
+        return {"sampler": [p.sampler for p in plans], "steps": [p.steps for p in plans],
+                "cfg_scale": [p.cfg_scale for p in plans], "start_stage": options.start_stage,
+                "stop_stage": options.stop_stage, **self.prior_settings(options)}
 
     def prior_settings(self, options: Dalle2SampleOptions) -> dict[str, Any]:
         """{"prior": what the prior samples with (its steps, guidance, η, candidates)} when --prior drives the
@@ -314,7 +318,7 @@ class Dalle2DecoderTask(Task):
         prior = options.prior
         if not isinstance(prior, TextToImageEmbedding):
             return {}
-        return {"prior": prior.sampler_settings(prior.resolve(options.prior_options()))}
+        return {"prior": prior.sampler_settings(prior.resolve(prior_options(options)))}
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, options: Dalle2SampleOptions,
@@ -322,18 +326,18 @@ class Dalle2DecoderTask(Task):
         """Run the cascade from `start_stage` (a later start upsamples `cond["image"]`, a real low-resolution
         image) to `stop_stage`, each conditioned stage guided against the null conditions, each unconditioned one
         (by default the upsamplers) unguided, one forward per step; images in [-1, 1] at the stop stage's size."""
-        s = self.sampler_settings(options)
+        plans = self.stage_plans(options)
         device = next(self.cascade.parameters()).device
         keep = torch.ones(n, dtype=torch.bool, device=device)
         cond = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in cond.items()}
         kwargs, null = {}, {"image_keep": keep[:1] & False}
-        if self.conditioned_in(s):
+        if self.conditioned_in(options):
             kwargs = self.conditioning(cond, cond["image_embed"], keep, keep)
         if self.cfg.text is not None:
             null["text_keep"] = keep[:1] & False
-        x = None if s["start_stage"] == 1 else cond["image"]
-        for i in range(s["start_stage"] - 1, s["stop_stage"]):
-            stage = self.cfg.stages[i]
+        x = None if options.start_stage == 1 else cond["image"]
+        for i in range(options.start_stage - 1, options.stop_stage):
+            stage, plan = self.cfg.stages[i], plans[i]
             stage_kwargs = dict(kwargs) if self.conditioned[i] else {}
             if i > 0:
                 previous = self.cfg.stages[i - 1].image_size
@@ -345,7 +349,7 @@ class Dalle2DecoderTask(Task):
             x = sample_diffusion(stage.diffusion, model=self.cascade[i], shape=(n, self.channels, stage.image_size,
                                  stage.image_size), model_kwargs=stage_kwargs,
                                  null_kwargs=null if self.conditioned[i] else None, clip=True,
-                                 sampler=s["sampler"][i], steps=s["steps"][i], cfg_scale=s["cfg_scale"][i],
+                                 sampler=plan.sampler, steps=plan.steps, cfg_scale=plan.cfg_scale,
                                  generator=generator, device=device, progress=progress)
         return x.clamp(-1, 1)
 
@@ -354,3 +358,17 @@ class Dalle2DecoderTask(Task):
         if "image" not in cond:
             return images, None
         return interleave_rows([resize(cond["image"].to(images), images.shape[-1]), images])
+
+
+class StagePlan(NamedTuple):
+    """How one stage of the cascade samples."""
+
+    sampler: str
+    steps: int
+    cfg_scale: float
+
+
+def prior_options(options: Dalle2SampleOptions) -> SampleOptions:
+    """The decoder's --prior-X options as the prior's own options object (its family's `traits.sample_options`,
+    validated: a value the prior refuses raises naming it)."""
+    return options.prior.traits.sample_options.model_validate(options.prior_options())

@@ -14,7 +14,6 @@ dot product with the caption's text embedding (§2.2).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -150,12 +149,10 @@ class Dalle2PriorTask(Task):
         return terms["loss"].mean(), {k: terms[k].mean().detach() for k in ("mse",) if k in terms}
 
     # ---------------------------------------------------------------------------------------------- sampling
-    def resolve(self, options: SampleOptions | Mapping[str, Any] | None = None) -> Dalle2PriorSampleOptions:
-        """`options` (or a mapping of them by name, as a decoder hands its --prior-* options on; validated) with the
-        unset sampler, steps, guidance scale and DDIM η from model.diffusion and candidates from model.candidates."""
-        if isinstance(options, Mapping):
-            options = Dalle2PriorSampleOptions.model_validate(dict(options))
-        options = with_diffusion_defaults(Dalle2PriorSampleOptions.of(options), self.cfg.diffusion)
+    def resolve(self, options: SampleOptions | None = None) -> Dalle2PriorSampleOptions:
+        """`options` (a decoder hands its --prior-* options on as this family's options) with the unset sampler,
+        steps, guidance scale and DDIM η from model.diffusion and candidates from model.candidates."""
+        options = with_diffusion_defaults(super().resolve(options), self.cfg.diffusion)
         return options.filled(ddim_eta=self.cfg.diffusion.ddim_eta, candidates=self.cfg.candidates,
                               keep_candidates=False)
 
@@ -182,10 +179,10 @@ class Dalle2PriorTask(Task):
 
     @torch.no_grad()
     def image_embeds_for(self, texts: list[str], generator: torch.Generator,
-                         options: SampleOptions | Mapping[str, Any] | None = None, progress: bool = False) -> Tensor:
+                         options: SampleOptions | None = None, progress: bool = False) -> Tensor:
         """Unit-norm image embeddings [n, D] for n captions: `image_embed_candidates`, the most similar to each
-        caption's text embedding kept (`rerank`). `options`: this prior's sampling options, or a mapping of them
-        by name (validated, e.g. a decoder's --prior-steps as {"steps": ...}); unset ones from the config."""
+        caption's text embedding kept (`rerank`). `options`: this prior's sampling options (unset ones from the
+        config)."""
         candidates, text_embed = self.image_embed_candidates(texts, generator, self.resolve(options), progress)
         return rerank(candidates, text_embed)
 

@@ -123,27 +123,26 @@ class DiffusionTask(Task):
 
     def resolve(self, options: SampleOptions | None = None) -> SampleOptions:
         """Unset sampler, steps and guidance scale from model.diffusion."""
-        return with_diffusion_defaults(options, self.cfg.diffusion)
+        return with_diffusion_defaults(super().resolve(options), self.cfg.diffusion)
 
     def sample_conditions(self, n: int, generator: torch.Generator, options: SampleOptions) -> Batch:
         if not self.num_classes:
             return Batch()
         return class_conditions(n, self.num_classes, options.label, generator.device)
 
+    def guidance_scale(self, options: SampleOptions) -> float:
+        """The guidance scale the sampler runs at: the resolved one, 1 (none) for an unconditional model."""
+        return options.cfg_scale if self.num_classes else 1.0
+
     def sampler_settings(self, options: SampleOptions) -> dict[str, Any]:
-        return {
-            "sampler": options.sampler,
-            "steps": options.steps,
-            "cfg_scale": options.cfg_scale if self.num_classes else 1.0,
-            "ddim_eta": self.cfg.diffusion.ddim_eta,
-        }
+        return {"sampler": options.sampler, "steps": options.steps, "cfg_scale": self.guidance_scale(options),
+                "ddim_eta": self.cfg.diffusion.ddim_eta}
 
     @torch.no_grad()
     def sample(self, cond: Batch, generator: torch.Generator, n: int, options: SampleOptions,
                progress: bool = False) -> Tensor:
         """A sampler of `genforge.diffusion.SAMPLERS` (model.diffusion.sampler, or --sampler) with classifier-free
         guidance, from x_T drawn on the generator's device; images in [-1, 1]."""
-        s = self.sampler_settings(options)
         device = next(self.model.parameters()).device
         shape = (n, self.channels, self.input_size, self.input_size)
         kwargs, null = {}, None
@@ -152,7 +151,7 @@ class DiffusionTask(Task):
             null = {"y": torch.full_like(kwargs["y"], self.null_label)}
         x = sample_diffusion(self.cfg.diffusion, model=self.model, shape=shape, model_kwargs=kwargs, null_kwargs=null,
                              clip=self.latent_codec is None,  # pixels live in [-1, 1]; latents have no fixed range
-                             sampler=s["sampler"], steps=s["steps"], cfg_scale=s["cfg_scale"], generator=generator,
-                             device=device, progress=progress)
+                             sampler=options.sampler, steps=options.steps, cfg_scale=self.guidance_scale(options),
+                             generator=generator, device=device, progress=progress)
         images = held_on(self.latent_codec, x.device).decode(x) if self.latent_codec else x
         return images.clamp(-1, 1)

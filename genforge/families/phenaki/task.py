@@ -100,11 +100,11 @@ class PhenakiTask(MaskedTokenTask):
         return TrainingMasks(hidden, counts.sum())
 
     def decode_in_order(self, run: DecodeRun, shape: tuple[int, ...], initial: Tensor | None,
-                        settings: dict[str, Any]) -> Tensor:
+                        options: PhenakiSampleOptions) -> Tensor:
         """decode_order=frames: token frame after token frame, each with all its iterations, the later frames
         still masked (a story's carried frames, already known, are skipped); parallel: MaskGIT's order."""
-        if settings["decode_order"] != "frames":
-            return super().decode_in_order(run, shape, initial, settings)
+        if options.decode_order != "frames":
+            return super().decode_in_order(run, shape, initial, options)
         n, frames, per_frame = shape[0], shape[1], shape[2] * shape[3]
         mask_id = self.model.mask_id
         ids = initial if initial is not None else torch.full(
@@ -119,7 +119,7 @@ class PhenakiTask(MaskedTokenTask):
     def resolve(self, options: SampleOptions | None = None) -> PhenakiSampleOptions:
         """MaskGIT's, and unset frames from the training clips' (data.video.num_frames), decode_order from the model
         section."""
-        return super().resolve(PhenakiSampleOptions.of(options)).filled(frames=self.num_frames,
+        return super().resolve(options).filled(frames=self.num_frames,
                                                                         decode_order=self.cfg.decode_order)
 
     def preview_options(self, train: TrainConfig) -> PhenakiSampleOptions:
@@ -134,9 +134,9 @@ class PhenakiTask(MaskedTokenTask):
                     "decode_order": options.decode_order}
         if options.story:
             chapters = self.chapters(options.story, options.frames)
-            settings["story"] = [{"prompt": c.prompt, "frames": c.frames, "carried": c.carried} for c in chapters]
+            settings.update(story=[{"prompt": c.prompt, "frames": c.frames, "carried": c.carried} for c in chapters])
         if options.prime is not None:
-            settings["prime_frames"] = self.prime_length(options.prime.shape[2], options.frames)
+            settings.update(prime_frames=self.prime_length(options.prime.shape[2], options.frames))
         return settings
 
     # ------------------------------------------------------------------------------------- continuing clips

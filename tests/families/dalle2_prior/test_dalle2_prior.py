@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import genforge
+from genforge.families.dalle2_prior.config import Dalle2PriorSampleOptions
 import torch.nn.functional as F
 from family_contract import FamilyContract
 from safetensors.torch import load_file
@@ -361,21 +362,21 @@ def test_ddim_eta_zero_makes_each_candidate_a_function_of_its_noise_and_one_draw
     x_T_only = torch.Generator().manual_seed(0)
     torch.randn((2, task.embed_dim), generator=x_T_only)
     gen = torch.Generator().manual_seed(0)
-    eta0 = task.image_embeds_for(texts, gen, {"ddim_eta": 0.0})
+    eta0 = task.image_embeds_for(texts, gen, Dalle2PriorSampleOptions(ddim_eta=0.0))
     assert torch.equal(gen.get_state(), x_T_only.get_state())
     gen = torch.Generator().manual_seed(0)
-    eta1 = task.image_embeds_for(texts, gen, {"ddim_eta": 1.0})
+    eta1 = task.image_embeds_for(texts, gen, Dalle2PriorSampleOptions(ddim_eta=1.0))
     assert not torch.equal(gen.get_state(), x_T_only.get_state())
     assert not torch.allclose(eta0, eta1)
-    assert torch.equal(eta1, task.image_embeds_for(texts, torch.Generator().manual_seed(0), {"ddim_eta": 1.0}))
+    assert torch.equal(eta1, task.image_embeds_for(texts, torch.Generator().manual_seed(0), Dalle2PriorSampleOptions(ddim_eta=1.0)))
     assert task.resolve().ddim_eta == task.cfg.diffusion.ddim_eta  # unset: the config's
     with pytest.raises(ValueError, match="ddim_eta"):
-        task.resolve({"ddim_eta": 2.0})
+        Dalle2PriorSampleOptions(ddim_eta=2.0)
 
 
 def test_sampling_keeps_every_candidate_when_asked():
     task = _prior(candidates=3).eval()
-    options = task.resolve({"keep_candidates": True})
+    options = task.resolve(Dalle2PriorSampleOptions(keep_candidates=True))
     cond = task.sample_conditions(2, torch.Generator().manual_seed(0), options)
     every = task.sample(cond, torch.Generator().manual_seed(0), 2, options)
     kept = task.sample(cond, torch.Generator().manual_seed(0), 2, task.resolve())
