@@ -249,8 +249,12 @@ def load_config(source: str | None = None, overrides: list[str] | None = None) -
 
 
 def config_from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> RunConfig:
-    """A config mapping (e.g. a RunConfig's `model_dump(mode="json")`) + overrides -> a validated RunConfig."""
+    """A config mapping (e.g. a RunConfig's `model_dump(mode="json")`) + overrides -> a validated RunConfig.
+    Overrides may be spelled in any schema (a command line outlives versions): unless they set `schema_version`,
+    the merged mapping runs every migration step (each leaves today's spelling as it is)."""
     raw = parse_overrides(raw, overrides or [])
+    if overrides and not any(item.partition("=")[0].strip() == "schema_version" for item in overrides):
+        raw.pop("schema_version", None)
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
