@@ -36,7 +36,7 @@ from genforge.data.images import png_bytes
 from genforge.data.loader import build_dataset, dataset_part, dataset_size, pixel_field
 from genforge.data.text_embeds import write_text_embeds
 from genforge.engine.logging import Progress
-from genforge.eval.distributed import all_ranks_ok, gather_objects, rank_and_world
+from genforge.core.collectives import every_rank, gather_objects, rank_and_world
 from genforge.text.base import TextEncoder
 from genforge.text.config import TextEncoderConfig
 from genforge.text.encoders import build_text_encoder
@@ -75,7 +75,7 @@ def encode_dataset(codec: nn.Module, info: CodecInfo, data: DataConfig, out: str
         if staging.exists():
             shutil.rmtree(staging)  # left by an encode that was killed
         staging.mkdir(parents=True)
-    all_ranks_ok(True)  # the staging folder exists for every rank
+    every_rank(True)  # the staging folder exists for every rank
     noun = "clips" if pixel_field(data) == "video" else "images"
     bar = Progress("encoding", noun, enabled=progress and rank == 0, processes=world)
     try:
@@ -112,11 +112,11 @@ def _together(step: Callable[[], T], staging: Path) -> T:
         result, error = step(), None
     except Exception as err:
         result, error = None, err
-    if all_ranks_ok(error is None):
+    if every_rank(error is None):
         return result
     if rank_and_world()[0] == 0:
         shutil.rmtree(staging, ignore_errors=True)
-    all_ranks_ok(True)  # the folder is gone
+    every_rank(True)  # the folder is gone
     if error is not None:
         raise error
     raise CacheError("another process of this encode failed (its error is in its output); nothing was written")

@@ -35,7 +35,7 @@ from genforge.engine.lock import RunDirectoryLocked
 from genforge.engine.logging import Progress, write_per_caption, write_samples
 from genforge.engine.preemption import Preempted
 from genforge.engine.trainer import TrainingError
-from genforge.eval.distributed import rank_and_world
+from genforge.core.collectives import rank_and_world
 from genforge.eval.run import write_eval_results
 from genforge.cli.sampling_flags import SamplingCommand, with_sampling_flags
 from genforge.text.config import TextEncoderConfig

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 from PIL import Image
 from torch import Tensor
 

@@ -97,23 +97,27 @@ class RunOutcome:
 
 
 class Progress:
-    """Progress of a job outside training (sampling, evaluation, encoding), by the same rule as training: a tqdm bar
-    when stderr is a terminal, else one plain line through `console()` each time another `every` units are done
-    (default: a tenth of the total; 1000 when the total is unknown), and `finish` logs a closing summary with the
-    wall time. On several processes only rank 0 reports (`enabled`), counting its own share of the work."""
+    """The one progress display of every job (training, sampling, evaluation, encoding): a tqdm bar when stderr is a
+    terminal (and `bar`, e.g. log.progress, allows one), else plain lines through `console()`: its own line each time
+    another `every` units are done (default: a tenth of the total; 1000 when the total is unknown; `lines=False`:
+    none, as training writes a richer line per logged step, `StepLines`), and `finish` logs a closing summary with
+    the wall time. On several processes only rank 0 reports (`enabled`), counting its own share of the work.
+    `initial`: units done before this process started (a resumed run's step)."""
 
     def __init__(self, desc: str, unit: str, total: int | None = None, every: int | None = None,
-                 enabled: bool = True, processes: int = 1) -> None:
+                 enabled: bool = True, processes: int = 1, initial: int = 0, bar: bool = True,
+                 lines: bool = True) -> None:
         self.desc, self.unit, self.total, self.enabled, self.given_every = desc, unit, total, enabled, every
-        self.processes = processes
+        self.processes, self.lines = processes, lines
         if processes > 1:
             desc = f"{desc} (rank 0 of {processes})"
         self.every = self._every()
-        self.on_terminal = enabled and sys.stderr.isatty()
-        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr,
+        self.on_terminal = enabled and bar and sys.stderr.isatty()
+        self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr,
                         disable=not self.on_terminal)
         self.desc = desc
-        self.done, self.start = 0, time.perf_counter()
+        self.initial = self.done = initial
+        self.start = time.perf_counter()
 
     def _every(self) -> int:
         return self.given_every or (max(1, -(-self.total // 10)) if self.total else 1000)
@@ -123,17 +127,29 @@ class Progress:
         if total is not None and total != self.total:
             self.total = self.bar.total = total
             self.every = self._every()
-        self.bar.update(done - self.done)
+        if done < self.done:  # went back (a run rolled back to its last checkpoint)
+            self.bar.reset(total=self.total)
+            self.bar.update(done)
+        else:
+            self.bar.update(done - self.done)
         crossed = done // self.every > self.done // self.every or (done == self.total and done > self.done)
         self.done = done
-        if self.enabled and not self.on_terminal and crossed:
+        if self.enabled and self.lines and not self.on_terminal and crossed:
             console().info(self.line())
+
+    def show_values(self, values: dict[str, float]) -> None:
+        """Values shown beside the bar on a terminal (a training run's loss, lr, samples/s)."""
+        self.bar.set_postfix({k: f"{v:.4g}" for k, v in values.items()})
+
+    def close(self) -> None:
+        """Close the bar without a summary (a job that reports its own outcome)."""
+        self.bar.close()
 
     def line(self) -> str:
         """'sampling 64/256 samples, 12.3 samples/s, ETA 0:00:15' (no ETA without a total); on several processes
         'sampling (rank 0 of 2) 64/128 samples, ...'."""
         seconds = time.perf_counter() - self.start
-        rate = self.done / max(seconds, 1e-9)
+        rate = (self.done - self.initial) / max(seconds, 1e-9)
         of = f"/{self.total}" if self.total else ""
         left = f", ETA {duration((self.total - self.done) / max(rate, 1e-9))}" if self.total else ""
         return f"{self.desc} {self.done}{of} {self.unit}, {rate:.3g} {self.unit}/s{left}"

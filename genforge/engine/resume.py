@@ -21,7 +21,7 @@ from genforge.engine.checkpoint import (SHARDS, CheckpointError, CheckpointReadE
                                         load_tensors, read_json, tensor_refs, unflatten_state)
 from genforge.engine.verify import (SAFETENSORS_TO_TORCH, expected_tensors, newest_usable, read_weights,
                                     sharded_tensors, source_checkpoint, verify_checkpoint, weights_mismatch)
-from genforge.engine.collectives import any_rank, main_decides
+from genforge.core.collectives import any_rank, main_decides
 from genforge.engine.logging import console
 from genforge.engine.optim import materialize_state
 from genforge.engine.sharding import laid_out_like, load_shards
@@ -61,7 +61,7 @@ def resume_changes(state: TrainState, run_dir: Path, changes_from: Callable[[Pat
                    ) -> list[ConfigChange]:
     """What this run's config changes from the run directory's config.yaml; its ConfigError (a change a resume may
     not make) on every rank. Decided by the main process."""
-    changes = main_decides(state.accelerator, lambda: changes_from(run_dir), (ConfigError,))
+    changes = main_decides(lambda: changes_from(run_dir), (ConfigError,))
     if changes is None:
         if state.accelerator.is_main_process:
             console().warning(f"{run_dir} has no config.yaml to compare this config with; resuming as configured")
@@ -124,7 +124,7 @@ def choose_checkpoint(state: TrainState) -> tuple[Path | None, list[str]]:
             checkpoints.set_latest(chosen)  # after a fallback, or a kill between rename and `latest`
         return (str(chosen) if chosen else None), notes
 
-    chosen, notes = main_decides(state.accelerator, decide, (CheckpointReadError, OSError),
+    chosen, notes = main_decides(decide, (CheckpointReadError, OSError),
                                  raise_as=CheckpointReadError)
     return (Path(chosen) if chosen else None), notes
 
@@ -142,7 +142,7 @@ def initialise_from(state: TrainState, source: str) -> str:
         chosen, passed_over = source_checkpoint(Path(source))
         return str(chosen), [why for _, why in passed_over]
 
-    chosen, notes = main_decides(acc, decide, (CheckpointReadError, OSError),
+    chosen, notes = main_decides(decide, (CheckpointReadError, OSError),
                                  raise_as=lambda why: ConfigError(f"train.init_from={source}: {why}"))
     path, error = Path(chosen), None
     try:
@@ -158,7 +158,7 @@ def initialise_from(state: TrainState, source: str) -> str:
                 break
     except CheckpointReadError as err:
         error = f"train.init_from={source}: {err}"
-    if any_rank(acc, error is not None):
+    if any_rank(error is not None):
         raise ConfigError(error or f"train.init_from={source}: another process could not read {path}")
     with torch.no_grad():  # the whole weights, laid out as this run's (a sharded run: each rank its shards)
         current = state.task.state_dict()

@@ -21,7 +21,7 @@ from genforge.data.base import DataInfo
 from genforge.data.loader import dataset_size
 from genforge.engine.checkpoint import (SHARDS, WRITE_ERRORS, CheckpointDir, CheckpointError, flatten_state,
                                         nonfinite_tensors, save_state, save_tensors, step_dir_name)
-from genforge.engine.collectives import any_rank, main_decides
+from genforge.core.collectives import any_rank, main_decides
 from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
 from genforge.engine.phema import SnapshotDir
@@ -103,7 +103,7 @@ class TrainState:
                 error = err
                 return ""
 
-        staged = main_decides(acc, stage)
+        staged = main_decides(stage)
         if staged:
             try:
                 if self.sharded_checkpoints:  # a collective: every rank writes its pieces
@@ -112,12 +112,12 @@ class TrainState:
             except (*WRITE_ERRORS, CheckpointException) as err:
                 error = error or err
         final = None
-        if not any_rank(acc, error is not None) and staged and acc.is_main_process:
+        if not any_rank(error is not None) and staged and acc.is_main_process:
             try:
                 final = self.checkpoints.commit(Path(staged), self.step, self._best_score())
             except WRITE_ERRORS as err:
                 error = err
-        if any_rank(acc, error is not None) or not staged:
+        if any_rank(error is not None) or not staged:
             for folder in tmp:
                 self.checkpoints.discard(folder)
             latest = self.checkpoints.latest()
@@ -149,7 +149,7 @@ class TrainState:
                 raise CheckpointError(f"could not write the EMA snapshot of step {self.step} into "
                                       f"{self.snapshots.root} ({type(err).__name__}: {err})") from err
 
-        return Path(main_decides(acc, write, (CheckpointError,)))
+        return Path(main_decides(write, (CheckpointError,)))
 
     def _nonfinite(self) -> list[str]:
         """Weights or EMA values that are NaN or infinite (a checkpoint must not hold them): checked by the main
@@ -158,7 +158,7 @@ class TrainState:
             return []
         bad = sorted(f"{part}.{name}" for part, tensors in self.tensors().items()
                      for name in nonfinite_tensors({k: local(t) for k, t in tensors.items()}))
-        if self.sharded and any_rank(self.accelerator, bool(bad)) and not bad:
+        if self.sharded and any_rank(bool(bad)) and not bad:
             bad = ["(the shards of another rank)"]
         return bad
 

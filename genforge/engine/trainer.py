@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -24,11 +23,11 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from genforge.core.config import ConfigChange, ConfigError, DataConfig, EvalConfig, LogConfig, TrainConfig
 from genforge.core.files import TMP_PREFIX, write_atomically
 from genforge.core.precision import check_precision
+from genforge.core.collectives import gather_step_rows, main_decides, peer_failed
 from genforge.core.random import BatchRandom
 from genforge.core.status import console
 from genforge.core.task import Task
@@ -36,10 +35,9 @@ from genforge.data.base import DataInfo, missing_field
 from genforge.data.loader import (SkipLog, build_dataset, build_train_batches, check_enough_samples, data_info,
                                   data_notes, refuse_unreadable_start)
 from genforge.engine.checkpoint import CheckpointDir, CheckpointError, step_dir_name
-from genforge.engine.collectives import gather_rows, main_decides, peer_failed
 from genforge.engine.ema import EMA, ema_phases
 from genforge.engine.lock import RunDirectoryLocked, RunLock, is_locked
-from genforge.engine.logging import RunLogger, RunOutcome, StepLines, StepLogs, write_samples
+from genforge.engine.logging import Progress, RunLogger, RunOutcome, StepLines, StepLogs, write_samples
 from genforge.engine.phema import SNAPSHOTS, SnapshotDir, sigma_rel_to_gamma
 from genforge.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler
 from genforge.engine.preemption import Preempted, StopRequests
@@ -104,7 +102,7 @@ class Trainer:
         self.run, tc = run, run.train
         ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
         self.accelerator = acc = _accelerator(tc, ddp)
-        self.run_dir = Path(main_decides(acc, lambda: str(resolve_run_dir(Path(run_dir), fresh))))
+        self.run_dir = Path(main_decides(lambda: str(resolve_run_dir(Path(run_dir), fresh))))
         if acc.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -181,7 +179,7 @@ class Trainer:
         run directory's lock throughout (RunDirectoryLocked when another trainer has it).
         SIGTERM/SIGINT/SIGUSR1 end the run after a checkpoint by raising Preempted."""
         held: list[RunLock] = []  # the main process's; every rank raises when another process has it
-        main_decides(self.accelerator, lambda: held.append(RunLock.acquire(self.run_dir)), (RunDirectoryLocked,))
+        main_decides(lambda: held.append(RunLock.acquire(self.run_dir)), (RunDirectoryLocked,))
         try:
             return self._fit(stop_at)
         finally:
@@ -251,10 +249,9 @@ class Trainer:
     def _loop(self, stop: StopRequests, stop_at: int | None) -> None:
         acc, tc, state = self.accelerator, self.run.train, self.state
         # a bar on a terminal (log.progress); a plain line per logged step anywhere else (a log file, a cluster job)
-        show_bar = acc.is_main_process and self.run.log.progress and sys.stderr.isatty()
-        bar = tqdm(total=tc.steps, initial=state.step, disable=not show_bar, dynamic_ncols=True,
-                   desc=self.run_dir.name, file=sys.stderr)
-        lines = StepLines(tc.steps, state.step) if acc.is_main_process and not show_bar else None
+        bar = Progress(self.run_dir.name, "steps", tc.steps, enabled=acc.is_main_process, initial=state.step,
+                       bar=self.run.log.progress, lines=False)
+        lines = StepLines(tc.steps, state.step) if acc.is_main_process and not bar.on_terminal else None
         logs, last_time, last_step = StepLogs(), time.perf_counter(), state.step
         self.task.train()
         batches = self.batches()
@@ -262,10 +259,9 @@ class Trainer:
             stepped, signum = self.advance(batches, logs, stop.signum or 0)
             if not stepped:  # rolled back to the last checkpoint: restart the data stream past the failure
                 batches = self.batches()
-                bar.reset(total=tc.steps)
-                bar.update(state.step)
+                bar.report(state.step)
                 continue
-            bar.update(1)
+            bar.report(state.step)
             if self._due(tc.log_every):
                 values = logs.reduce(acc)
                 now = time.perf_counter()
@@ -276,7 +272,7 @@ class Trainer:
                 self.outcome.logged = values
                 if self.logger:
                     self.logger.scalars(state.step, values)
-                    bar.set_postfix({k: f"{v:.4g}" for k, v in values.items()
+                    bar.show_values({k: v for k, v in values.items()
                                      if k in ("loss", "lr", "samples_per_s") or k.endswith("/loss")})
                 if lines:
                     console().info(lines.line(state.step, values))
@@ -332,7 +328,7 @@ class Trainer:
         acc, tc, step = self.accelerator, self.run.train, self.state.step
         flags: list[Tensor] = []
         micro = tc.batch_size // (tc.grad_accum * acc.num_processes)
-        global_batch = gather_rows(acc, self.task.traits.global_fields, batches, micro)
+        global_batch = gather_step_rows(self.task.traits.global_fields, batches, micro)
         for phase_index, phase in enumerate(self.task.phases):
             opt = self.state.optimizers[phase]
             self.parallel_task.zero_grad(set_to_none=True)

@@ -39,7 +39,7 @@ from genforge.data.base import source_of
 from genforge.data.images import to_uint8
 from genforge.data.loader import heldout_batches, heldout_split, image_data, pixel_field
 from genforge.data.video import clip_frames
-from genforge.eval.distributed import gather_rows, rank0_decides, rank_and_world
+from genforge.core.collectives import gather_rows, main_decides, rank_and_world
 from genforge.eval.distribution_metrics import gaussian_stats
 from genforge.nn.features import PoolFeatures
 
@@ -105,7 +105,7 @@ def reference_stats(net: PoolFeatures, source: DataConfig | Path, n: int, device
     description = describe(source, n, net)
     key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:24]
     path = cache_root(cache_dir) / "fid" / f"{key}.safetensors"
-    if rank0_decides(rank == 0 and path.is_file()):
+    if main_decides(path.is_file):
         if rank == 0:
             console().info(f"reference statistics: cached {path}")
             return load_stats(path, net)

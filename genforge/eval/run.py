@@ -3,7 +3,7 @@ reconstructions of held-out images, with the registered metrics (genforge.eval.m
 eval sections and a Task; never the whole run config.
 
 Several processes (torchrun / accelerate launch): every rank generates its share of the samples and extracts
-their features; the rows are gathered in sample order (`eval.distributed`) before rank 0 computes any statistic,
+their features; the rows are gathered in sample order (`core.collectives`) before rank 0 computes any statistic,
 so the results equal those of one process on the same samples. Tokenizers are scored on rank 0.
 
 `precision` ("no", "bf16", "fp16"): the networks run under that autocast (`core.precision`); samples,
@@ -26,7 +26,7 @@ from genforge.core.random import mix_seed
 from genforge.core.task import Batch, Task
 from genforge.data.loader import heldout_batch, heldout_sample_batches, heldout_split, pixel_field
 from genforge.data.video import clip_frames
-from genforge.eval.distributed import gather_rows, rank_and_world
+from genforge.core.collectives import gather_rows, rank_and_world
 from genforge.eval.metrics import (EmbeddingMetric, EvalContext, ReconstructionMetric, SampleMetric, check_metrics,
                                    task_roles)
 
