@@ -93,7 +93,7 @@ class MaskTransformer(nn.Module):
         nn.init.normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.null_context, std=0.02)
         for block in self.blocks:
-            if block.modulation is not None:  # adaLN-Zero: the modulated model starts as the plain one
+            if block.modulation is not None:  # zero-initialised modulation: the model starts as the plain one
                 nn.init.zeros_(block.modulation[-1].weight)
                 nn.init.zeros_(block.modulation[-1].bias)
 
