@@ -25,7 +25,7 @@ from genforge.core.export import Imported
 from genforge.core.family import importer_of
 from genforge.core.files import file_sha256, folder_sha256, write_atomically
 from genforge.data.base import DataInfo
-from genforge.engine.checkpoint import CheckpointDir, save_tensors
+from genforge.engine.checkpoint import EMA_PART, MODEL_PART, CheckpointDir, write_trainer_state, write_weights
 from genforge.engine.verify import weights_mismatch
 
 FILE_FORMAT = "dit-checkpoint"  # what a checkpoint file is read as (the one file format genforge imports)
@@ -122,11 +122,9 @@ def write_checkpoint(run_dir: Path, task: torch.nn.Module, data_info: DataInfo, 
     sampling and evaluation open it; training starts from it through train.init_from."""
     checkpoints = CheckpointDir(run_dir / "checkpoints")
     tmp = checkpoints.staging(0)
-    save_tensors(tmp / "model.safetensors", task.state_dict())
-    save_tensors(tmp / "ema.safetensors", {name: p.detach().float() for name, p in
-                                           task.ema_module().named_parameters() if p.requires_grad})
-    state = {"step": 0, "family_state": task.state_for_checkpoint(), "data_info": asdict(data_info),
-             "inputs": {f: dict(ref) for f, ref in task.input_references.items()}, "imported": imported,
-             "optim_files": []}
-    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+    write_weights(tmp, {MODEL_PART: task.state_dict(), EMA_PART: {
+        name: p.detach().float() for name, p in task.ema_module().named_parameters() if p.requires_grad}})
+    write_trainer_state(tmp, {"step": 0, "family_state": task.state_for_checkpoint(), "data_info": asdict(data_info),
+                              "inputs": {f: dict(ref) for f, ref in task.input_references.items()},
+                              "imported": imported, "optim_files": []})
     return checkpoints.commit(tmp, 0)

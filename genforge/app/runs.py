@@ -27,7 +27,8 @@ from genforge.core.task import Task
 from genforge.data.base import DataInfo
 from genforge.data.cache import check_cache
 from genforge.data.loader import HeldOutData, build_dataset, check_enough_samples, image_data, scan_data_info
-from genforge.engine.checkpoint import CheckpointDir, CheckpointReadError, load_tensors, read_json
+from genforge.engine.checkpoint import (TRAINER_STATE, CheckpointDir, CheckpointReadError, load_tensors,
+                                        read_trainer_state)
 from genforge.engine.phema import selected_ema
 from genforge.engine.verify import expected_tensors, newest_usable, read_weights, verify_checkpoint, weights_hash
 from genforge.engine.trainer import Trainer, TrainingRun
@@ -176,14 +177,14 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
     tasks: dict[str, Task] = {}  # by data_info: built once
 
     def task_of(ckpt: Path) -> Task:
-        data_info = read_json(ckpt / "trainer_state.json")["data_info"]
+        data_info = read_trainer_state(ckpt)["data_info"]
         key = json.dumps(data_info, sort_keys=True)
         if key not in tasks:
             try:  # a finished run is sampled, not trained: its data cache is neither needed nor re-checked (a
                 # generator keeps the codec weights it trained with in its own checkpoint)
                 info = replace(DataInfo(**data_info), encoder_hash=None)
             except TypeError as err:
-                raise CheckpointReadError(f"{ckpt / 'trainer_state.json'}: data_info is not readable ({err})") from None
+                raise CheckpointReadError(f"{ckpt / TRAINER_STATE}: data_info is not readable ({err})") from None
             tasks[key] = build_task(cfg, info, device)
         return tasks[key]
 
@@ -203,9 +204,9 @@ def load_run(run_dir: Path, device: torch.device | str = "cpu", ema: bool = True
         raise ConfigError(f"{run_dir} has no checkpoint yet (checkpoints/latest is missing)")
     for path, why in rejected:
         console().warning(f"skipping {path.name}: {why}; using {ckpt.name}")
-    state = read_json(ckpt / "trainer_state.json")
+    state = read_trainer_state(ckpt)
     task = task_of(ckpt)
-    check_references(state.get("inputs", {}), task.input_references, ckpt)
+    check_references(state["inputs"], task.input_references, ckpt)
     if torch.device(device).type != "meta":
         missing, unexpected = task.load_state_dict(read_weights(ckpt, "model", str(device)), strict=False)
         if missing or unexpected:

@@ -19,6 +19,11 @@ A checkpoint is written into `.tmp-step-...`, fsynced, renamed into place, and o
 `latest`; a kill at any moment leaves the previous `latest` loadable, and start-up removes the debris.
 Before loading, `verify_checkpoint` (genforge.engine.verify) checks a folder without reading its tensors, and
 `newest_usable` picks the newest one that passes, so a damaged newest checkpoint falls back to the one before.
+
+This module is the format: the names above, writing and reading each file, and the format's version. Every
+trainer_state.json since version 2 says `format_version`; `read_trainer_state` brings an older one up to today's
+by explicit steps (`UPGRADES`, as genforge.app.migrations does for configs), so readers find every key today's
+writer writes and never guess a default.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from safetensors import SafetensorError
@@ -39,6 +44,13 @@ from genforge.core.files import TMP_PREFIX, fsync_dir, fsync_tree, write_atomica
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 SHARDS = "shards"  # the folder of a sharded checkpoint's tensors (genforge.engine.sharding)
+TRAINER_STATE = "trainer_state.json"
+OPTIM = "optim"  # optim/<phase>.json + .safetensors, optim/grad_scaler.*
+GRAD_SCALER = "grad_scaler"
+RNG = "rng"  # rng/rank-<r>.json + .safetensors
+MODEL_PART, EMA_PART, POWER_EMA = "model", "ema", "power_ema"  # the weight parts: <part>.safetensors (POWER_EMA: the
+# power-function EMAs after the first, train.ema.kind=power)
+FORMAT_VERSION = 2  # 1: trainer_state.json without `format_version` (genforge before 2026-12-02)
 DAMAGED_PREFIX = "damaged-"  # checkpoints moved aside on resume; nothing lists them again
 
 
@@ -215,7 +227,7 @@ class CheckpointDir:
         if name is None:
             return None
         path = self.root / name
-        if not STEP_DIR.match(path.name) or not (path / "trainer_state.json").is_file():
+        if not STEP_DIR.match(path.name) or not (path / TRAINER_STATE).is_file():
             raise CheckpointReadError(f"{self.root / 'latest'} names {name!r}, which is not a complete checkpoint")
         return path
 
@@ -267,3 +279,74 @@ def read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise CheckpointReadError(f"{path} is not readable JSON ({err})") from err
+
+
+# ------------------------------------------------------------------------------------------ the format's files
+def weights_file(folder: Path, part: str) -> Path:
+    """The safetensors file of a weight part (MODEL_PART, EMA_PART, POWER_EMA) in the plain layout."""
+    return Path(folder) / f"{part}.safetensors"
+
+
+def optimizer_stem(folder: Path, phase: str) -> Path:
+    """optim/<phase> (a save_state stem): a phase's optimizer and scheduler state, or GRAD_SCALER's."""
+    return Path(folder) / OPTIM / phase
+
+
+def rng_stem(folder: Path, rank: int) -> Path:
+    """rng/rank-<rank> (a save_state stem): that rank's python / numpy / torch RNG states."""
+    return Path(folder) / RNG / f"rank-{rank}"
+
+
+def saved_optimizer_states(folder: Path) -> list[str]:
+    """The optimizer states a checkpoint folder holds (optim/*.json stems: phases and GRAD_SCALER), sorted."""
+    return sorted(p.stem for p in (Path(folder) / OPTIM).glob("*.json"))
+
+
+def write_weights(folder: Path, parts: Mapping[str, dict[str, Tensor]]) -> None:
+    """Each weight part as `<part>.safetensors` (the plain layout)."""
+    for part, tensors in parts.items():
+        save_tensors(weights_file(folder, part), tensors)
+
+
+def read_part(folder: Path, part: str, device: str = "cpu") -> dict[str, Tensor]:
+    """One weight part of a plain-layout checkpoint."""
+    return load_tensors(weights_file(folder, part), device)
+
+
+def write_trainer_state(folder: Path, state: Mapping[str, Any]) -> None:
+    """trainer_state.json, stamped with this format's version."""
+    (Path(folder) / TRAINER_STATE).write_text(json.dumps({"format_version": FORMAT_VERSION, **state}, indent=1))
+
+
+def _from_version_1(state: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Version 1 (no `format_version`) to 2: the keys added to trainer_state.json one by one before the format had
+    a version, with what a checkpoint written without them meant: data consumed up to its step, no rollback, no
+    evaluation, no referred inputs, the stream's slots unknown; its optimizer files whatever optim/ holds, and each
+    phase trained in it having counted one EMA update a step (what the EMA warm-up counted then)."""
+    step = int(state["step"])
+    trained = [stem for stem in saved_optimizer_states(folder) if stem != GRAD_SCALER]
+    return {"sharding": "fsdp" if (folder / SHARDS).is_dir() else "none", "data_position": step, "rollbacks": 0,
+            "data_slots": None, "eval": None, "inputs": {}, "optim_files": saved_optimizer_states(folder),
+            "ema_updates": {phase: step for phase in trained}, **state}
+
+
+# version v -> v + 1; each step adds what version v + 1 writes, given the state and the checkpoint folder
+UPGRADES: dict[int, Callable[[dict[str, Any], Path], dict[str, Any]]] = {1: _from_version_1}
+
+
+def read_trainer_state(folder: Path) -> dict[str, Any]:
+    """A checkpoint's trainer_state.json in today's format: an older one brought up by `UPGRADES`, one step a
+    version. CheckpointReadError when it is not a JSON object, or was written by a newer genforge."""
+    path = Path(folder) / TRAINER_STATE
+    state = read_json(path)
+    if not isinstance(state, dict):
+        raise CheckpointReadError(f"{path} holds a JSON {type(state).__name__}, not an object")
+    version = state.get("format_version", 1)  # version 1 is the one without the key
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
+        raise CheckpointReadError(f"{path}: format_version {version!r} is not one this genforge reads (1 to "
+                                  f"{FORMAT_VERSION}): written by a newer genforge?")
+    if "step" not in state:
+        raise CheckpointReadError(f"{path} lacks the key 'step'")
+    for old in range(version, FORMAT_VERSION):
+        state = UPGRADES[old](state, Path(folder))
+    return {**state, "format_version": FORMAT_VERSION}

@@ -17,15 +17,16 @@ from torch import Tensor, nn
 from genforge.core.codec import check_references
 from genforge.core.config import ConfigChange, ConfigError
 from genforge.core.random import set_global_rng_state
-from genforge.engine.checkpoint import (SHARDS, CheckpointError, CheckpointReadError, flatten_state, load_state,
-                                        load_tensors, read_json, tensor_refs, unflatten_state)
+from genforge.engine.checkpoint import (GRAD_SCALER, POWER_EMA, SHARDS, CheckpointError, CheckpointReadError,
+                                        flatten_state, load_state, optimizer_stem, read_json, read_part,
+                                        read_trainer_state, rng_stem, tensor_refs, unflatten_state)
 from genforge.engine.verify import (SAFETENSORS_TO_TORCH, expected_tensors, newest_usable, read_weights,
                                     sharded_tensors, source_checkpoint, verify_checkpoint, weights_mismatch)
 from genforge.core.collectives import any_rank, main_decides
 from genforge.engine.logging import console
 from genforge.engine.optim import materialize_state
 from genforge.engine.sharding import laid_out_like, load_shards
-from genforge.engine.state import POWER_EMA, TrainState
+from genforge.engine.state import TrainState
 
 # What a checkpoint restores, by name (`restore(skip=...)` lets tests prove each one matters).
 STATE_PIECES = ("model", "ema", "optimizer", "scheduler", "grad_scaler", "rng", "step", "data_position",
@@ -83,7 +84,7 @@ def record_config_changes(run_dir: Path, step: int, changes: list[ConfigChange])
 def _fresh_parameters(state: TrainState, path: Path) -> tuple[list[str], set[int]]:
     """The phases checkpoint `path` never trained (no optimizer state: added since, e.g. a token critic after its
     generator) and the ids of their parameters, which may be absent from it and start fresh."""
-    new_phases = [p for p in state.task.phase_names() if not (path / "optim" / f"{p}.json").exists()]
+    new_phases = [p for p in state.task.phase_names() if not optimizer_stem(path, p).with_suffix(".json").exists()]
     return new_phases, {id(p) for phase in new_phases for p in state.task.parameters_for(phase)}
 
 
@@ -147,7 +148,7 @@ def initialise_from(state: TrainState, source: str) -> str:
     path, error = Path(chosen), None
     try:
         weights = {part: read_weights(path, part, str(acc.device)) for part in ("model", "ema")}
-        step = int(read_json(path / "trainer_state.json")["step"])
+        step = int(read_trainer_state(path)["step"])
         for part, current in state.tensors().items():
             if part == POWER_EMA:  # a power-function EMA's first update copies the weights: nothing to start from
                 continue
@@ -180,8 +181,8 @@ def restore(state: TrainState, path: Path, skip: Iterable[str] = ()) -> None:
     unknown = skip - set(STATE_PIECES)
     if unknown:
         raise ValueError(f"unknown state pieces {sorted(unknown)}; known: {', '.join(STATE_PIECES)}")
-    saved = read_json(path / "trainer_state.json")
-    check_references(saved.get("inputs", {}), task.input_references, path)
+    saved = read_trainer_state(path)
+    check_references(saved["inputs"], task.input_references, path)
     new_phases, fresh = _fresh_parameters(state, path)
     saved_phases = [p for p in task.phase_names() if p not in new_phases]
     power = bool(state.ema.power_shadows) and "ema" not in skip
@@ -189,10 +190,10 @@ def restore(state: TrainState, path: Path, skip: Iterable[str] = ()) -> None:
         weights, ema_weights, power_weights, optimizer_states = _read_sharded(state, path, saved_phases, skip)
     else:
         device = str(acc.device)
-        weights = load_tensors(path / "model.safetensors", device) if "model" not in skip else None
-        ema_weights = load_tensors(path / "ema.safetensors", device) if "ema" not in skip else None
-        power_weights = load_tensors(path / f"{POWER_EMA}.safetensors", device) if power else None
-        optimizer_states = {phase: load_state(path / "optim" / phase) for phase in saved_phases}
+        weights = read_part(path, "model", device) if "model" not in skip else None
+        ema_weights = read_part(path, "ema", device) if "ema" not in skip else None
+        power_weights = read_part(path, POWER_EMA, device) if power else None
+        optimizer_states = {phase: load_state(optimizer_stem(path, phase)) for phase in saved_phases}
     if weights is not None:
         _load_weights(task, weights, fresh, path.name, acc.is_main_process)
     new_averaged = {n for n, p in task.ema_module().named_parameters() if id(p) in fresh}
@@ -201,7 +202,7 @@ def restore(state: TrainState, path: Path, skip: Iterable[str] = ()) -> None:
     if power_weights is not None:
         state.ema.load_power_state_dict(power_weights, may_lack=new_averaged)
     if "ema" not in skip:
-        state.ema.load_updates(_ema_updates(saved, task.phase_names(), saved_phases))
+        state.ema.load_updates({**{phase: 0 for phase in task.phase_names()}, **saved["ema_updates"]})
     for phase in task.phase_names():
         if phase not in optimizer_states:
             if phase in state.optimizers and acc.is_main_process:
@@ -215,20 +216,20 @@ def restore(state: TrainState, path: Path, skip: Iterable[str] = ()) -> None:
             state.optimizers[phase].load_state_dict(optimizer_states[phase]["optimizer"])
         if "scheduler" not in skip:
             state.schedulers[phase].load_state_dict(optimizer_states[phase]["scheduler"])
-    if acc.scaler is not None and (path / "optim" / "grad_scaler.json").exists() and "grad_scaler" not in skip:
-        acc.scaler.load_state_dict(load_state(path / "optim" / "grad_scaler"))
-    rng = path / "rng" / f"rank-{acc.process_index}.json"
-    if rng.exists() and "rng" not in skip:
-        set_global_rng_state(load_state(rng.with_suffix("")))
+    if acc.scaler is not None and GRAD_SCALER in saved["optim_files"] and "grad_scaler" not in skip:
+        acc.scaler.load_state_dict(load_state(optimizer_stem(path, GRAD_SCALER)))
+    rng = rng_stem(path, acc.process_index)
+    if rng.with_suffix(".json").exists() and "rng" not in skip:  # a rank the writing run did not have: fresh
+        set_global_rng_state(load_state(rng))
     if "family" not in skip:
         task.load_state_from_checkpoint(saved["family_state"])
     if "step" not in skip:
         state.step = int(saved["step"])
     if "data_position" not in skip:
-        state.data_position = int(saved.get("data_position", saved["step"]))
-    state.rollbacks = int(saved.get("rollbacks", 0))
-    state.last_eval = saved.get("eval") or {}
-    if (saved["global_batch"], saved["num_samples"], saved.get("data_slots")) != state.data_order() \
+        state.data_position = int(saved["data_position"])
+    state.rollbacks = int(saved["rollbacks"])
+    state.last_eval = saved["eval"] or {}
+    if (saved["global_batch"], saved["num_samples"], saved["data_slots"]) != state.data_order() \
             and acc.is_main_process:
         console().info(f"batch size, data set size or (shards) processes x data.num_workers changed since "
                        f"{path.name}; the data order from here on differs from an uninterrupted run")
@@ -248,28 +249,18 @@ def _load_weights(module: nn.Module, tensors: dict[str, Tensor], fresh: set[int]
                        f"{missing[0]}): they start from their initial values")
 
 
-def _ema_updates(saved: dict[str, Any], phases: tuple[str, ...], saved_phases: list[str]) -> dict[str, int]:
-    """Each phase's EMA update count in a checkpoint's trainer_state.json; a checkpoint written before the counts
-    were kept: the global step for the phases it had trained (what their warm-up counted then), 0 for the others
-    (they start fresh)."""
-    counts = saved.get("ema_updates")
-    if counts is None:
-        counts = {phase: int(saved["step"]) for phase in saved_phases}
-    return {**{phase: 0 for phase in phases}, **counts}
-
-
 def _read_sharded(state: TrainState, path: Path, phases: list[str], skip: set[str]) -> tuple[
         dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Any]]:
     """The weights, EMA, other power-function EMAs (None without) and optimizer states of `phases` from a sharded
     checkpoint, read (a collective) into tensors laid out as this run's: each rank its own shards at this world
     size, whatever the checkpoint's."""
-    shards = sharded_tensors(path / SHARDS, read_json(path / "trainer_state.json").get("world_size"))
+    shards = sharded_tensors(path / SHARDS, read_trainer_state(path)["world_size"])
     template: dict[str, Tensor] = {}
     for part, tensors in state.tensors().items():
         if part not in skip and not (part == POWER_EMA and "ema" in skip):  # weights of a phase new since the
             # checkpoint are not in it
             template.update({f"{part}.{k}": t for k, t in tensors.items() if f"{part}.{k}" in shards})
-    skeletons = {phase: read_json(path / "optim" / f"{phase}.json") for phase in phases}
+    skeletons = {phase: read_json(optimizer_stem(path, phase).with_suffix(".json")) for phase in phases}
     for phase, skeleton in skeletons.items():
         if phase not in state.optimizers:  # a phase this run does not train: kept whole, as loaded
             template.update({k: torch.empty(shards[k][1], dtype=SAFETENSORS_TO_TORCH[shards[k][0]])
@@ -279,7 +270,7 @@ def _read_sharded(state: TrainState, path: Path, phases: list[str], skip: set[st
         current: dict[str, Tensor] = {}
         flatten_state(state.optimizer_state(phase), current, f"optim.{phase}", copy=False)
         if set(tensor_refs(skeleton)) != set(current):
-            raise CheckpointReadError(f"{path / 'optim' / f'{phase}.json'} holds the optimizer state of other "
+            raise CheckpointReadError(f"{optimizer_stem(path, phase)}.json holds the optimizer state of other "
                                       f"parameters than this model's phase {phase!r}")
         template.update(current)
     load_shards(path / SHARDS, template)

@@ -19,15 +19,15 @@ from genforge.core.random import global_rng_state
 from genforge.core.task import Task
 from genforge.data.base import DataInfo
 from genforge.data.loader import dataset_size
-from genforge.engine.checkpoint import (SHARDS, WRITE_ERRORS, CheckpointDir, CheckpointError, flatten_state,
-                                        nonfinite_tensors, save_state, save_tensors, step_dir_name)
+from genforge.engine.checkpoint import (EMA_PART, GRAD_SCALER, MODEL_PART, OPTIM, POWER_EMA, SHARDS, WRITE_ERRORS,
+                                        CheckpointDir, CheckpointError, flatten_state, nonfinite_tensors,
+                                        optimizer_stem, rng_stem, save_state, saved_optimizer_states, step_dir_name,
+                                        write_trainer_state, write_weights)
 from genforge.core.collectives import any_rank, main_decides
 from genforge.engine.consistency import first_difference
 from genforge.engine.ema import EMA
 from genforge.engine.phema import SnapshotDir
 from genforge.engine.sharding import local, save_shards, whole
-
-POWER_EMA = "power_ema"  # the checkpoint part of the power-function EMAs after the first (train.ema.kind=power)
 
 
 class TrainingError(RuntimeError):
@@ -65,7 +65,7 @@ class TrainState:
     def tensors(self) -> dict[str, dict[str, Tensor]]:
         """The weights and EMA by part ("model", "ema", and with train.ema.kind=power and more than one σ_rel
         "power_ema", the other averages); under sharding each rank's shards."""
-        parts = {"model": self.task.state_dict(), "ema": self.ema.state_dict()}
+        parts = {MODEL_PART: self.task.state_dict(), EMA_PART: self.ema.state_dict()}
         if self.ema.power_shadows:
             parts[POWER_EMA] = self.ema.power_state_dict()
         return parts
@@ -108,7 +108,7 @@ class TrainState:
             try:
                 if self.sharded_checkpoints:  # a collective: every rank writes its pieces
                     save_shards(Path(staged) / SHARDS, shards)
-                save_state(Path(staged) / "rng" / f"rank-{acc.process_index}", global_rng_state())
+                save_state(rng_stem(Path(staged), acc.process_index), global_rng_state())
             except (*WRITE_ERRORS, CheckpointException) as err:
                 error = error or err
         final = None
@@ -181,21 +181,16 @@ class TrainState:
         states' skeletons, `optim/<phase>.json`), the grad scaler, and trainer_state.json."""
         acc = self.accelerator
         if self.sharded_checkpoints:
-            (tmp / "optim").mkdir()
+            (tmp / OPTIM).mkdir()
             for phase, skeleton in skeletons.items():
-                (tmp / "optim" / f"{phase}.json").write_text(json.dumps(skeleton))
+                optimizer_stem(tmp, phase).with_suffix(".json").write_text(json.dumps(skeleton))
         else:
-            save_tensors(tmp / "model.safetensors", self.task.state_dict())
-            save_tensors(tmp / "ema.safetensors", self.ema.state_dict())
-            if self.ema.power_shadows:
-                save_tensors(tmp / f"{POWER_EMA}.safetensors", self.ema.power_state_dict())
-            for phase in self.optimizers:
-                save_state(tmp / "optim" / phase, self.optimizer_state(phase))
-            for phase, saved in self.carried.items():
-                save_state(tmp / "optim" / phase, saved)
+            write_weights(tmp, self.tensors())
+            for phase, saved in {**{p: self.optimizer_state(p) for p in self.optimizers}, **self.carried}.items():
+                save_state(optimizer_stem(tmp, phase), saved)
         if acc.scaler is not None:
-            save_state(tmp / "optim" / "grad_scaler", acc.scaler.state_dict())
-        optim_files = sorted(p.stem for p in (tmp / "optim").glob("*.json"))
+            save_state(optimizer_stem(tmp, GRAD_SCALER), acc.scaler.state_dict())
+        optim_files = saved_optimizer_states(tmp)
         global_batch, num_samples, data_slots = self.data_order()
         state = {
             "sharding": self.train.sharding,
@@ -214,7 +209,7 @@ class TrainState:
             "eval": self.last_eval if self.last_eval.get("step") == self.step else None,
             "optim_files": optim_files,  # what verify_checkpoint requires in optim/
         }
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+        write_trainer_state(tmp, state)
 
     def check_consistency(self) -> None:
         """With several processes (and train.check_consistency): every rank must hold the same weights, buffers and

@@ -15,8 +15,9 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from genforge.core.files import file_sha256, files_sha256
-from genforge.engine.checkpoint import (SHARDS, CheckpointDir, CheckpointReadError, load_tensors, read_json,
-                                        tensor_refs)
+from genforge.engine.checkpoint import (EMA_PART, GRAD_SCALER, MODEL_PART, SHARDS, TRAINER_STATE, CheckpointDir,
+                                        CheckpointReadError, OPTIM, POWER_EMA, optimizer_stem, read_json, read_part,
+                                        read_trainer_state, rng_stem, tensor_refs, weights_file)
 from genforge.engine.sharding import load_shards
 
 SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
@@ -183,17 +184,13 @@ def _check_state_files(stem: Path, shards: dict[str, Any] | None = None) -> None
                                   f"({absent[:3]}): the checkpoint is not complete")
 
 
-def _stems(folder: Path) -> set[str]:
-    return {p.stem for p in folder.iterdir() if p.suffix in (".json", ".safetensors")} if folder.is_dir() else set()
-
-
 def nonfinite_weights(path: Path) -> list[str]:
     """"<file>: <tensor>" of every model or EMA tensor of checkpoint `path` that holds a NaN or an infinity, read one
     tensor at a time (a sharded checkpoint: every rank's pieces). A file that cannot be read is a
     CheckpointReadError naming it."""
     sharded = (path / SHARDS).is_dir()
-    files = sorted((path / SHARDS).glob("*.safetensors")) if sharded else [path / "model.safetensors",
-                                                                            path / "ema.safetensors"]
+    files = sorted((path / SHARDS).glob("*.safetensors")) if sharded else [weights_file(path, MODEL_PART),
+                                                                            weights_file(path, EMA_PART)]
     bad = []
     for file in files:
         try:
@@ -227,25 +224,24 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
     if not path.is_dir():
         raise CheckpointReadError(f"{path} does not exist")
     sharded = (path / SHARDS).exists()
-    for name in ("trainer_state.json",) if sharded else ("model.safetensors", "ema.safetensors", "trainer_state.json"):
-        if not (path / name).is_file():
-            raise CheckpointReadError(f"{path / name} is missing: the checkpoint is not complete")
-    state_path = path / "trainer_state.json"
-    state = read_json(state_path)
-    if not isinstance(state, dict):
-        raise CheckpointReadError(f"{state_path} holds a JSON {type(state).__name__}, not an object")
-    shards = sharded_tensors(path / SHARDS, state.get("world_size")) if sharded else None
-    for key, kind in {**STATE_KEYS, **(RESUME_KEYS if resume else {})}.items():
+    weights = [] if sharded else [weights_file(path, MODEL_PART), weights_file(path, EMA_PART)]
+    for file in [path / TRAINER_STATE, *weights]:
+        if not file.is_file():
+            raise CheckpointReadError(f"{file} is missing: the checkpoint is not complete")
+    state_path = path / TRAINER_STATE
+    state = read_trainer_state(path)
+    for key, kind in {**STATE_KEYS, **(RESUME_KEYS if resume or sharded else {})}.items():
         if key not in state:
             raise CheckpointReadError(f"{state_path} lacks the key {key!r}")
         if not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool)):
             raise CheckpointReadError(f"{state_path}: {key!r} is {state[key]!r}, not of the expected type")
-    parts = [("model", expected, may_lack), ("ema", expected_ema, ema_may_lack)]
+    shards = sharded_tensors(path / SHARDS, state["world_size"]) if sharded else None
+    parts = [(MODEL_PART, expected, may_lack), (EMA_PART, expected_ema, ema_may_lack)]
     if expected_power_ema is not None:
         power_lack = {k for k in expected_power_ema if k.split("/", 1)[1] in set(ema_may_lack)}
-        parts.append(("power_ema", expected_power_ema, power_lack))
+        parts.append((POWER_EMA, expected_power_ema, power_lack))
     for part, want, lack in parts:
-        where = path / SHARDS if shards is not None else path / f"{part}.safetensors"
+        where = path / SHARDS if shards is not None else weights_file(path, part)
         found = ({k[len(part) + 1:]: v for k, v in shards.items() if k.startswith(f"{part}.")} if shards is not None
                  else safetensors_header(where))
         if shards is not None and not found:
@@ -259,14 +255,13 @@ def verify_checkpoint(path: Path, expected: Expected | None = None, *, expected_
                                   "another tool did): the checkpoint is not usable")
     if not resume:
         return
-    optim = _stems(path / "optim")
-    listed = state.get("optim_files")  # written since checkpoints are verified; older ones: what is there
-    if not optim and not listed:
-        raise CheckpointReadError(f"{path / 'optim'} holds no optimizer state: the checkpoint is not complete")
-    for stem in sorted(set(listed) if isinstance(listed, list) else optim):
-        _check_state_files(path / "optim" / str(stem), shards if stem != "grad_scaler" else None)
+    listed = state["optim_files"]
+    if not isinstance(listed, list) or not listed:
+        raise CheckpointReadError(f"{path / OPTIM} holds no optimizer state: the checkpoint is not complete")
+    for stem in sorted(map(str, listed)):
+        _check_state_files(optimizer_stem(path, stem), shards if stem != GRAD_SCALER else None)
     for rank in range(state["world_size"]):
-        _check_state_files(path / "rng" / f"rank-{rank}")
+        _check_state_files(rng_stem(path, rank))
 
 
 def newest_usable(ckpts: CheckpointDir, verify: Callable[[Path], None]) -> tuple[Path | None, list[tuple[Path, str]]]:
@@ -304,7 +299,7 @@ def source_checkpoint(path: Path) -> tuple[Path, list[tuple[Path, str]]]:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointReadError(f"{path} does not exist" if not path.exists() else f"{path} is not a folder")
-    if (path / "trainer_state.json").is_file():
+    if (path / TRAINER_STATE).is_file():
         verify_checkpoint(path)
         return path, []
     chosen, rejected = newest_usable(CheckpointDir(path / "checkpoints"), verify_checkpoint)
@@ -318,7 +313,7 @@ def read_weights(path: Path, part: str, device: str = "cpu") -> dict[str, Tensor
     """The whole `part` ("model" or "ema") weights of checkpoint `path`, on this process alone, from either layout
     (a sharded checkpoint's pieces assembled, at any world size it was written with)."""
     if not (path / SHARDS).is_dir():
-        return load_tensors(path / f"{part}.safetensors", device)
+        return read_part(path, part, device)
     prefix = f"{part}."
     tensors = {name: torch.empty(shape, dtype=SAFETENSORS_TO_TORCH[dtype])
                for name, (dtype, shape) in sharded_tensors(path / SHARDS).items() if name.startswith(prefix)}
@@ -332,5 +327,5 @@ def read_weights(path: Path, part: str, device: str = "cpu") -> dict[str, Tensor
 def weights_hash(path: Path) -> str:
     """A content hash of a checkpoint's EMA weights (what a frozen codec taken from it is), either layout."""
     if not (path / SHARDS).is_dir():
-        return file_sha256(path / "ema.safetensors")
+        return file_sha256(weights_file(path, EMA_PART))
     return files_sha256(sorted((path / SHARDS).glob("*.safetensors")))

@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from genforge.engine.checkpoint import CheckpointDir, load_state, save_state
+from genforge.engine.checkpoint import (FORMAT_VERSION, UPGRADES, CheckpointDir, CheckpointReadError, load_state,
+                                        read_trainer_state, save_state, write_trainer_state)
 
 
 def test_state_round_trip_with_nested_tensors(tmp_path):
@@ -55,3 +56,35 @@ def test_incomplete_folders_ignored_and_cleaned(tmp_path):
     assert ckpts.latest().name == "step-000005"
     assert ckpts.clean_incomplete() == [torn]
     assert not torn.exists()
+
+
+def test_every_format_version_has_an_upgrade_to_the_next():
+    assert sorted(UPGRADES) == list(range(1, FORMAT_VERSION))
+
+
+def test_a_written_trainer_state_says_its_format_version_and_reads_back_unchanged(tmp_path):
+    write_trainer_state(tmp_path, {"step": 3, "rollbacks": 1})
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["format_version"] == FORMAT_VERSION
+    assert read_trainer_state(tmp_path) == {"format_version": FORMAT_VERSION, "step": 3, "rollbacks": 1}
+
+
+def test_a_version_1_trainer_state_is_upgraded_by_its_explicit_step(tmp_path):
+    """Version 1 (no format_version) lacked keys added one by one; the upgrade says what they meant then: data
+    consumed up to the step, no rollback, the optimizer files optim/ holds, one EMA update a step of each trained
+    phase; keys the file has are kept."""
+    (tmp_path / "optim").mkdir()
+    for stem in ("generator", "discriminator", "grad_scaler"):
+        (tmp_path / "optim" / f"{stem}.json").write_text("{}")
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"step": 7, "rollbacks": 2, "world_size": 1}))
+    state = read_trainer_state(tmp_path)
+    assert state == {"format_version": FORMAT_VERSION, "step": 7, "rollbacks": 2, "world_size": 1,
+                     "sharding": "none", "data_position": 7, "data_slots": None, "eval": None, "inputs": {},
+                     "optim_files": ["discriminator", "generator", "grad_scaler"],
+                     "ema_updates": {"discriminator": 7, "generator": 7}}
+
+
+@pytest.mark.parametrize("version", [FORMAT_VERSION + 1, 0, "2", True])
+def test_a_format_version_this_genforge_does_not_know_is_refused(tmp_path, version):
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"format_version": version, "step": 1}))
+    with pytest.raises(CheckpointReadError, match="format_version"):
+        read_trainer_state(tmp_path)

@@ -67,9 +67,9 @@ def _late_phase_run(tmp_path, preset, first, second, prefix, old_checkpoint=Fals
             "train.ema_decay=0.99", "train.ema_warmup=true"]
     make_trainer(load_config(preset, [*base, "train.steps=2", *first]), tmp_path).fit()
     checkpoint = tmp_path / "checkpoints" / "step-000002"
-    if old_checkpoint:  # as written before the per-phase counts: the resume falls back to the global step
+    if old_checkpoint:  # as written before the per-phase counts (format 1): its upgrade counts the global step
         state = json.loads((checkpoint / "trainer_state.json").read_text())
-        del state["ema_updates"]
+        del state["ema_updates"], state["format_version"]
         (checkpoint / "trainer_state.json").write_text(json.dumps(state))
     start = {k: v for k, v in load_file(str(checkpoint / "ema.safetensors")).items() if k.startswith(prefix)}
     assert start

@@ -12,6 +12,7 @@ from short_clips import short_clip_folder
 
 from genforge.app.config import load_config
 from genforge.app.runs import make_trainer
+from genforge.engine.checkpoint import FORMAT_VERSION
 
 HERE = Path(__file__).parent
 
@@ -39,7 +40,8 @@ def test_run_directory_layout(tmp_path):
     for name in ("model.safetensors", "ema.safetensors", "optim/main.json", "optim/main.safetensors",
                  "trainer_state.json", "rng/rank-0.json"):
         assert (ckpt / name).is_file(), name
-    assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == 6
+    saved = json.loads((ckpt / "trainer_state.json").read_text())
+    assert saved["step"] == 6 and saved["format_version"] == FORMAT_VERSION
     assert sorted(p.name for p in (tmp_path / "samples").glob("*.png")) == ["step-000003.png", "step-000006.png"]
     records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in records] == [2, 4, 6]
