@@ -60,7 +60,7 @@ from genforge.data.loader import build_dataset
 from genforge.data.shapes import write_shapes_folder
 from genforge.eval.metrics import FID, feature_network
 from genforge.eval.reference import Reference, pool_features, reference_source, reference_stats
-from genforge.eval.run import generate
+from genforge.sampling import generate
 
 PRESET = "unet-shapes"  # genforge's default (make demo)
 # what the genforge runs must not do while timed: no TensorBoard, no progress bar, no evaluation, no

@@ -16,7 +16,7 @@ import torch
 from genforge.app.runs import load_run
 from genforge.core.config import SampleOptions
 from genforge.eval.judge import judge_predictions, load_or_train_judge, prediction_report
-from genforge.eval.run import generate
+from genforge.sampling import generate
 
 
 def main() -> None:

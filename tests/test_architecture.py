@@ -17,6 +17,7 @@ LAYERS = [
     ("genforge.nn",),
     ("genforge.diffusion", "genforge.text"),
     ("genforge.data",),
+    ("genforge.sampling",),  # drawing samples: `genforge sample`, the API and evaluation
     ("genforge.eval",),
     ("genforge.tokenizers",),  # what the tokenizer families share; the stand-in codecs
     ("genforge.masked",),  # what the masked-token generators share
@@ -108,6 +109,16 @@ def test_no_genforge_import_hides_in_a_function():
     assert not inner, "imports of genforge placed inside functions:\n" + "\n".join(inner)
 
 
+def test_the_cli_talks_to_the_application_layer_only():
+    """The command line parses, validates and calls the application layer (genforge.app), never a lower layer, so a
+    change below the application layer does not reach the CLI."""
+    known = modules()
+    below = [f"{known[name].relative_to(ROOT.parent)}:{line} imports {target}" for name in known
+             if name.startswith("genforge.cli") for target, line, _ in imports(name, known[name], known)
+             if not target.startswith(("genforge.app", "genforge.cli"))]
+    assert not below, "the CLI imports below the application layer:\n" + "\n".join(below)
+
+
 def test_no_import_cycle():
     _, _, graph = violations()
     graphlib.TopologicalSorter(graph).static_order()  # raises CycleError naming the members
@@ -115,7 +126,7 @@ def test_no_import_cycle():
 
 def test_the_checker_catches_what_it_should(tmp_path):
     """The rules on made-up edges: down is fine, up or sideways is not."""
-    assert layer_of("genforge.families.diffusion.task") == (7, "genforge.families.diffusion")
+    assert layer_of("genforge.families.diffusion.task") == (8, "genforge.families.diffusion")
     assert layer_of("genforge.eval.run")[0] < layer_of("genforge.engine.trainer")[0]
     for source, target in [("genforge.core.task", "genforge.data.loader"), ("genforge.text.base", "genforge.diffusion"),
                            ("genforge.families.diffusion.task", "genforge.families.maskgit.masking")]:

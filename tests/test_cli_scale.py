@@ -21,7 +21,7 @@ from genforge.app.runs import load_codec, load_run, make_trainer
 from genforge.cli import app
 from genforge.data.cache import CacheDataset, read_manifest, shard_records
 from genforge.eval import metrics as metrics_module
-from genforge.eval.run import generate
+from genforge.sampling import generate
 from genforge.core.config import SampleOptions
 from eval.eval_standins import TinyFeatures
 

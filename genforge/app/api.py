@@ -30,7 +30,8 @@ from genforge.data.video import read_frames, resize_crop_frames
 from genforge.engine.checkpoint import CheckpointReadError
 from genforge.eval.fid_files import check_input, check_npz_path, fid_of, input_stats, save_npz
 from genforge.eval.metrics import feature_network
-from genforge.eval.run import Report, evaluate_task, generate, write_eval_results
+from genforge.eval.run import evaluate_task, write_eval_results
+from genforge.sampling import Report, generate
 
 ImageInput = Union[Image.Image, str, Path, Tensor]  # a PIL image, an image file, or a tensor [k, C, H, W] in [-1, 1]
 Spell = Callable[[str], str]  # how an option's keyword name appears in messages (the CLI: as its flag)
@@ -198,7 +199,7 @@ class Run(runs.LoadedRun):
                  report: Report | None = None, progress: bool = False) -> tuple[Tensor, Batch]:
         """`n` samples (default 16, or one per prompt of options.prompts) drawn with `options` (as `sampling_options`
         makes them) under the resolved `precision`, and their conditions: float32 on the CPU in [-1, 1]. In a
-        process group every rank calls it and gets all `n` (eval.run.generate)."""
+        process group every rank calls it and gets all `n` (genforge.sampling.generate)."""
         n = n or (len(options.prompts) if options.prompts else 16)
         return generate(self.task, n, seed, self.device, precision=precision, report=report, options=options,
                         progress=progress)

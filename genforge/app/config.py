@@ -15,16 +15,16 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_m
 
 import genforge.app.plugins  # noqa: F401  (fills the registries RunConfig is assembled from)
 from genforge.app.migrations import SCHEMA_VERSION, migrate
-from genforge.core.config import (ConfigError, DataConfig, EvalConfig, FamilyConfig, LogConfig, OnResume,
-                                  StrictModel, TrainConfig)
+from genforge.core.config import (MAX_EVAL_SAMPLES, MAX_GRID_SAMPLES, MAX_SAMPLES, ConfigError, DataConfig,
+                                  EvalConfig, FamilyConfig, LogConfig, OnResume, StrictModel, TrainConfig)
 from genforge.core.registry import FAMILIES, METRICS
 from genforge.data.base import source_of
 from genforge.eval.metrics import check_metrics
 
 DEFAULT_PRESET = "unet-shapes"
 
-__all__ = ["ConfigError", "DEFAULT_PRESET", "RunConfig", "format_validation_error", "list_presets", "load_config",
-           "parse_overrides", "preset_files", "to_yaml"]
+__all__ = ["ConfigError", "DEFAULT_PRESET", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "RunConfig",
+           "format_validation_error", "list_presets", "load_config", "parse_overrides", "preset_files", "to_yaml"]
 
 
 class RunConfig(StrictModel):

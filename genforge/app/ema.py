@@ -116,9 +116,8 @@ def score_widths(run: LoadedRun, run_dir: Path, sigma_rels: Sequence[float], met
     """Each width's synthesised EMA put into the run's model and scored by `score(metric)` (e.g. a Run's `score`
     with its options bound): (the EMA, its headline value, every result), in the order given. The run's model keeps
     the last width's weights."""
-    if metric not in METRICS:
-        raise ConfigError(f"metric {metric!r}: allowed {', '.join(METRICS)}")
-    headline = METRICS.get(metric).results[0]
+    check_metric(metric)
+    headline = headline_result(metric)
     scored = []
     for sigma_rel in sigma_rels:
         ema = synthesize_ema(run, run_dir, sigma_rel)
@@ -135,6 +134,32 @@ def best_width(metric: str, scored: list[tuple[SynthesizedEma, float, dict[str, 
     spec = METRICS.get(metric)
     lower = spec.results[0] in spec.lower_is_better
     return (min if lower else max)(scored, key=lambda item: item[1])
+
+
+def check_metric(metric: str) -> None:
+    """ConfigError naming the metrics when `metric` is not one (before a sweep opens the run)."""
+    if metric not in METRICS:
+        raise ConfigError(f"metric {metric!r}: allowed {', '.join(METRICS)}")
+
+
+def headline_result(metric: str) -> str:
+    """The result of `metric` a sweep compares widths by (its first), e.g. "judge_accuracy"."""
+    return METRICS.get(metric).results[0]
+
+
+def write_sweep(run_dir: Path, metric: str, n: int, seed: int,
+                scored: list[tuple[SynthesizedEma, float, dict[str, Any]]]) -> tuple[Path, SynthesizedEma, float]:
+    """RUN/ema_synthesized/sweep-<metric>.json (atomically): every width's results and the best by `best_width`.
+    Returns the file, the best width and its value; OSError when it cannot be written."""
+    best, value, _ = best_width(metric, scored)
+    record = {"metric": metric, "result": headline_result(metric), "n": n, "seed": seed, "step": best.step,
+              "checkpoint": best.checkpoint,
+              "widths": [{"sigma_rel": s.sigma_rel, "gamma": s.gamma, "value": v, "results": r} for s, v, r in scored],
+              "best": best.sigma_rel}
+    out = Path(run_dir) / SYNTHESIZED / f"sweep-{metric}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(out, json.dumps(record, indent=1, default=str) + "\n")
+    return out, best, value
 
 
 def headline(metric: str) -> str:

@@ -41,6 +41,8 @@ from genforge.text.base import TextEncoder
 from genforge.text.config import TextEncoderConfig
 from genforge.text.encoders import build_text_encoder
 
+__all__ = ["TextEncoderConfig", "encode_dataset"]  # and the helpers below, imported by name
+
 PART_PATTERN = "part-%06d.tar"  # a rank's temporary shards, in <staging>/.tmp-rank-NNNNN/
 T = TypeVar("T")
 

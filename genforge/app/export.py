@@ -13,7 +13,10 @@ import torch
 from genforge.app.runs import LoadedRun, load_run, run_family
 from genforge.core.config import ConfigError
 from genforge.core.export import Exported
+from genforge.core.family import export_targets
 from genforge.core.registry import FAMILIES
+
+__all__ = ["EXPORT_RECORD", "export_run", "export_targets"]
 
 EXPORT_RECORD = "genforge-export.json"
 

@@ -15,30 +15,18 @@ import torch.distributed as dist
 import typer
 
 from genforge.app.api import Run, default_device, load_run, resolve_precision, sampling_options
-from genforge.app.config import ConfigError, RunConfig, list_presets, load_config, to_yaml
-from genforge.app.encode import encode_dataset
-from genforge.app.export import EXPORT_RECORD, export_run
+from genforge.app.config import (MAX_EVAL_SAMPLES, MAX_GRID_SAMPLES, MAX_SAMPLES, RunConfig, list_presets, load_config,
+                                 to_yaml)
+from genforge.app.datasets import write_moving_shapes, write_shapes
+from genforge.app.encode import TextEncoderConfig, encode_dataset
+from genforge.app.errors import BAD_INPUT, RUN_FAILED, CheckpointReadError, ConfigError, Preempted
+from genforge.app.export import EXPORT_RECORD, export_run, export_targets
 from genforge.app.importer import import_run
+from genforge.app.outputs import (MANIFEST, PREVIEW_WRITERS, Progress, console, manifest_summary, rank_and_world,
+                                  status_on_stderr, write_eval_results, write_per_caption, write_samples)
 from genforge.app.runs import (build_task, check_data_size, count_parameters, flag, load_any_codec, make_trainer,
                                missing_inputs, resume_changes, sample_options)
-from genforge.core.config import MAX_EVAL_SAMPLES, MAX_GRID_SAMPLES, MAX_SAMPLES
-from genforge.core.family import export_targets
-from genforge.core.status import console, status_on_stderr
-from genforge.core.registry import PREVIEW_WRITERS
-from genforge.data.base import BadDataError
-from genforge.data.cache import MANIFEST, manifest_summary
-from genforge.data.moving_shapes import PATHS, write_moving_shapes_folder, write_moving_shapes_shards
-from genforge.data.shapes import write_shapes_folder, write_shapes_parquet, write_shapes_shards
-from genforge.data.shards import DataError
-from genforge.engine.checkpoint import CheckpointError, CheckpointReadError
-from genforge.engine.lock import RunDirectoryLocked
-from genforge.engine.logging import Progress, write_per_caption, write_samples
-from genforge.engine.preemption import Preempted
-from genforge.engine.trainer import TrainingError
-from genforge.core.collectives import rank_and_world
-from genforge.eval.run import write_eval_results
 from genforge.cli.sampling_flags import SamplingCommand, with_sampling_flags
-from genforge.text.config import TextEncoderConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Train generative vision models: tokenizers and generators, one engine.")
@@ -83,11 +71,11 @@ def train(
     try:
         with _enough_memory("training"):
             out = trainer.fit()
-    except (CheckpointReadError, RunDirectoryLocked, BadDataError, DataError, ConfigError) as err:  # bad input: exit 2
+    except BAD_INPUT as err:
         _fail(str(err))
     except Preempted as stop:
         _fail(str(stop), code=stop.exit_code)
-    except (TrainingError, CheckpointError) as err:
+    except RUN_FAILED as err:
         _fail(str(err), code=1)
     except OSError as err:  # e.g. the disk filled up while writing metrics.jsonl or a preview
         _fail(f"could not write the run in {target}: {err}", code=1)
@@ -520,18 +508,9 @@ def data_shapes(
     webdataset shards, or with --parquet as parquet files."""
     if shards and parquet:
         _fail("--shards and --parquet: choose one")
-    if parquet:
-        pattern, count = write_shapes_parquet(out, n, image_size, seed=seed, rows_per_file=shard_size)
-        typer.echo(f"wrote {n} images of {image_size}x{image_size} in {count} parquet file(s): {pattern}")
-        typer.echo(f"train on them: --set data.source=parquet --set \"data.path={pattern}\"")
-        return
-    if shards:
-        pattern, count = write_shapes_shards(out, n, image_size, seed=seed, shard_size=shard_size)
-        typer.echo(f"wrote {n} images of {image_size}x{image_size} in {count} shard(s): {pattern}")
-        typer.echo(f"train on them: --set data.source=shards --set \"data.path={pattern}\" --set model.num_classes=16")
-        return
-    root = write_shapes_folder(out, n, image_size, seed=seed)
-    typer.echo(f"wrote {n} images of {image_size}x{image_size} to {root}")
+    layout = "parquet" if parquet else "shards" if shards else "folder"
+    for line in write_shapes(out, n, image_size, seed=seed, layout=layout, shard_size=shard_size):
+        typer.echo(line)
 
 
 @data_app.command("moving_shapes")
@@ -551,22 +530,13 @@ def data_moving_shapes(
     """Write the built-in moving shapes as a folder of GIFs or MP4s (class sub-folders of the shapes classes, .txt
     captions "a red circle moving left"), readable with data.source=video_folder, or with --shards as webdataset
     shards for data.source=video_shards."""
-    if fmt not in ("gif", "mp4"):
-        raise typer.BadParameter(f"--format {fmt!r}: allowed gif, mp4")
-    if paths not in PATHS:
-        raise typer.BadParameter(f"--paths {paths!r}: allowed {', '.join(PATHS)}")
-    if shards:
-        pattern, count = write_moving_shapes_shards(out, n, image_size, frames, seed=seed, fmt=fmt, fps=fps,
-                                                    shard_size=shard_size, paths=paths)
-        typer.echo(f"wrote {n} clips of {frames} frames at {image_size}x{image_size} ({fmt}) in {count} shard(s): "
-                   f"{pattern}")
-        typer.echo(f"train on them: --set data.source=video_shards --set \"data.path={pattern}\" "
-                   f"--set data.video.num_frames={frames}")
-        return
-    root = write_moving_shapes_folder(out, n, image_size, frames, seed=seed, fmt=fmt, fps=fps, paths=paths)
-    typer.echo(f"wrote {n} clips of {frames} frames at {image_size}x{image_size} ({fmt}) to {root}")
-    typer.echo(f"train on them: --set data.source=video_folder --set data.path={root} "
-               f"--set data.video.num_frames={frames}")
+    try:
+        lines = write_moving_shapes(out, n, image_size, frames, fmt=fmt, fps=fps, seed=seed, shards=shards,
+                                    shard_size=shard_size, paths=paths)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    for line in lines:
+        typer.echo(line)
 
 
 def main() -> None:

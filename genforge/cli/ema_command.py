@@ -3,21 +3,18 @@ select the EMA of a width, sweep widths by a metric, or go back to the trained E
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from genforge.app.ema import (SYNTHESIZED, best_width, check_sigma_rel, headline, score_widths, select_trained_ema,
-                              synthesize_ema, write_synthesized)
+from genforge.app.ema import (SYNTHESIZED, check_metric, check_sigma_rel, headline, headline_result, score_widths,
+                              select_trained_ema, synthesize_ema, write_sweep, write_synthesized)
 from genforge.app.runs import flag, load_run
 from genforge.app.api import sampling_options
 from genforge.cli.commands import _check_finite, _enough_memory, _fail, _open_run, _precision, app
-from genforge.core.config import MAX_EVAL_SAMPLES, ConfigError
-from genforge.core.files import write_atomically
-from genforge.core.registry import METRICS
-from genforge.engine.checkpoint import CheckpointReadError
+from genforge.app.config import MAX_EVAL_SAMPLES
+from genforge.app.errors import CheckpointReadError, ConfigError
 
 
 def _widths(text: str) -> list[float]:
@@ -91,8 +88,10 @@ def _synthesize(run_dir: Path, sigma_rel: float) -> None:
 
 def _sweep(run_dir: Path, widths: list[float], metric: str, n: int | None, seed: int) -> None:
     """`genforge ema RUN --sweep ...`: each width's synthesised EMA scored by one metric."""
-    if metric not in METRICS:
-        _fail(f"--metric {metric!r}: allowed {', '.join(METRICS)}")
+    try:
+        check_metric(metric)
+    except ConfigError as err:  # "metric 'x': allowed ..."
+        _fail(f"--{err}")
     run = _open_run(run_dir)
     precision = _precision(None, run.config.train.precision, run.device)
     options = sampling_options(run.config, "eval", flag)
@@ -107,17 +106,11 @@ def _sweep(run_dir: Path, widths: list[float], metric: str, n: int | None, seed:
     typer.echo(f"{'sigma_rel':>10} {'gamma':>8}  {headline(metric)}")
     for synthesized, value, _ in scored:
         typer.echo(f"{synthesized.sigma_rel:>10g} {synthesized.gamma:>8.3f}  {value:.4f}")
-    best, value, _ = best_width(metric, scored)
-    record = {"metric": metric, "result": METRICS.get(metric).results[0], "n": n or run.config.eval.n, "seed": seed,
-              "step": best.step, "checkpoint": best.checkpoint,
-              "widths": [{"sigma_rel": s.sigma_rel, "gamma": s.gamma, "value": v, "results": r} for s, v, r in scored],
-              "best": best.sigma_rel}
-    out = Path(run_dir) / SYNTHESIZED / f"sweep-{metric}.json"
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(out, json.dumps(record, indent=1, default=str) + "\n")
+        out, best, value = write_sweep(run_dir, metric, n or run.config.eval.n, seed, scored)
     except OSError as err:
-        _fail(f"{out}: cannot write it ({err.strerror or err}); the scores above were not written", code=1)
-    typer.echo(f"best: sigma_rel {best.sigma_rel:g} ({METRICS.get(metric).results[0]} {value:.4f})")
+        _fail(f"{Path(run_dir) / SYNTHESIZED}: cannot write the sweep ({err.strerror or err}); the scores above "
+              "were not written", code=1)
+    typer.echo(f"best: sigma_rel {best.sigma_rel:g} ({headline_result(metric)} {value:.4f})")
     typer.echo(f"wrote {out}")
     typer.echo(f"select it: genforge ema {run_dir} --sigma-rel {best.sigma_rel:g}")

@@ -11,7 +11,7 @@ import typer
 
 from genforge.app.api import fid as fid_between
 from genforge.cli.commands import _check_writable, _fail, app
-from genforge.engine.logging import Progress
+from genforge.app.outputs import Progress
 
 
 @app.command("fid")

@@ -2,9 +2,10 @@
 reconstructions of held-out images, with the registered metrics (genforge.eval.metrics). Takes the run's data and
 eval sections and a Task; never the whole run config.
 
-Several processes (torchrun / accelerate launch): every rank generates its share of the samples and extracts
-their features; the rows are gathered in sample order (`core.collectives`) before rank 0 computes any statistic,
-so the results equal those of one process on the same samples. Tokenizers are scored on rank 0.
+Samples are drawn by genforge.sampling, the path `genforge sample` takes. Several processes (torchrun /
+accelerate launch): every rank generates its share of the samples and extracts their features; the rows are
+gathered in sample order (`core.collectives`) before rank 0 computes any statistic, so the results equal those of
+one process on the same samples. Tokenizers are scored on rank 0.
 
 `precision` ("no", "bf16", "fp16"): the networks run under that autocast (`core.precision`); samples,
 reconstructions and embeddings are cast back to float32 before a metric sees them. `report(done, total)`, when
@@ -15,67 +16,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from genforge.core.config import DataConfig, EvalConfig, SampleOptions
 from genforge.core.precision import autocast
-from genforge.core.random import mix_seed
-from genforge.core.task import Batch, Task
+from genforge.core.task import Task
 from genforge.data.loader import heldout_batch, heldout_sample_batches, heldout_split, pixel_field
 from genforge.data.video import clip_frames
 from genforge.core.collectives import gather_rows, rank_and_world
 from genforge.eval.metrics import (EmbeddingMetric, EvalContext, ReconstructionMetric, SampleMetric, check_metrics,
                                    task_roles)
-
-
-Report = Callable[[int, int], None]  # (samples finished by this process, its share of them)
-
-
-@torch.no_grad()
-def sample_chunks(task: Task, cond_all: Batch, n: int, seed: int, device: torch.device | str, batch_size: int = 64,
-                  rank: int = 0, world: int = 1, precision: str = "no", options: SampleOptions | None = None,
-                  progress: bool = False) -> Iterator[tuple[int, Tensor]]:
-    """This rank's chunks of the `n` samples with the resolved `options` (None: the task's defaults): (index of the
-    first sample, float32 images on the CPU in [-1, 1]). Chunk c (samples c·batch_size onwards) is drawn with a
-    generator seeded by (seed, c) on rank c % world, so the samples are the same for any number of processes."""
-    options = options or task.resolve()
-    for chunk, start in enumerate(range(0, n, batch_size)):
-        if chunk % world != rank:
-            continue
-        gen = torch.Generator(device=device).manual_seed(mix_seed(seed, chunk))
-        cond = {k: v[start : start + batch_size] for k, v in cond_all.items()}
-        with autocast(precision, device):
-            images = task.sample(cond, gen, min(batch_size, n - start), options, progress)
-        yield start, images.float().cpu()
-
-
-def chunk_share(n: int, batch_size: int, rank: int, world: int) -> int:
-    """How many of the `n` samples `sample_chunks` draws on `rank` of `world`."""
-    return sum(min(batch_size, n - start) for chunk, start in enumerate(range(0, n, batch_size))
-               if chunk % world == rank)
-
-
-def generate(task: Task, n: int, seed: int, device: torch.device | str, batch_size: int = 64, precision: str = "no",
-             report: Report | None = None, options: SampleOptions | None = None, progress: bool = False
-             ) -> tuple[Tensor, dict[str, Any]]:
-    """`n` samples (CPU, float32, [-1, 1]) in batches with `options` (resolved here by the task), reproducible from
-    `seed`, and the conditions used. In a process group every rank must call it: each draws its chunks
-    (`sample_chunks`), and every rank gets all `n` samples in order, the same as one process draws."""
-    rank, world = rank_and_world()
-    options = task.resolve(options)
-    cond_all = task.sample_conditions(n, torch.Generator(device=device).manual_seed(seed), options)
-    share, index, chunks = chunk_share(n, batch_size, rank, world), [], []
-    for start, images in sample_chunks(task, cond_all, n, seed, device, batch_size, rank, world, precision, options,
-                                       progress):
-        index.append(torch.arange(start, start + len(images)))
-        chunks.append(images)
-        if report is not None:
-            report(sum(len(c) for c in chunks), share)
-    order = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
-    return gather_rows(torch.cat(chunks) if chunks else torch.zeros(0), order), cond_all
+from genforge.sampling import Report, chunk_share, sample_chunks
 
 
 def evaluate_task(task: Task, data: DataConfig, eval_cfg: EvalConfig, metrics: list[str], n: int, seed: int,

@@ -21,7 +21,7 @@ from genforge.cli import app
 from genforge.data.images import to_uint8
 from genforge.engine.logging import write_samples
 from genforge.eval import metrics as metrics_module
-from genforge.eval.run import generate
+from genforge.sampling import generate
 from genforge.core.config import SampleOptions
 from eval.eval_standins import TinyFeatures
 

@@ -21,7 +21,7 @@ from genforge.core.export import ExportError
 from genforge.core.random import mix_seed
 from genforge.core.registry import FAMILIES
 from genforge.diffusion import clip_x0
-from genforge.eval.run import generate
+from genforge.sampling import generate
 from genforge.core.config import SampleOptions
 
 runner = CliRunner()

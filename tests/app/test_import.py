@@ -21,7 +21,7 @@ from genforge.cli import app
 from genforge.core.random import mix_seed
 from genforge.diffusion.build import build_diffusion
 from genforge.diffusion.gaussian import VarType
-from genforge.eval.run import generate
+from genforge.sampling import generate
 from genforge.families.diffusion.dit import DiT, sincos_pos_embed_2d
 from genforge.core.config import SampleOptions
 

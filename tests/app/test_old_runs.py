@@ -14,7 +14,7 @@ from eval.eval_standins import TinyFeatures
 from genforge.app.runs import load_run
 from genforge.cli import app
 from genforge.eval import metrics as metrics_module
-from genforge.eval.run import generate
+from genforge.sampling import generate
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "runs-42ccac9"
 METRIC = {"dit": "fid", "dit-latent": "fid", "maskgit": "fid", "dvae": "psnr,codebook", "klvae": "psnr",
