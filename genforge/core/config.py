@@ -228,13 +228,12 @@ class DataConfig(StrictModel):
 
     @model_validator(mode="after")
     def _source_checks(self) -> "DataConfig":
-        if self.image_embeds is not None and self.source != "shards":
-            raise ValueError(f"data.image_embeds applies to data.source=shards, not {self.source}")
+        """The shares' sum, then the checks of a registered source (genforge.data registers the built-in ones, and
+        each refuses the fields of other sources it does not read; an unknown name is reported where the whole run
+        config is validated, once every plug-in is loaded)."""
         if self.val_fraction + self.test_fraction >= 1:
             raise ValueError(f"data.val_fraction + data.test_fraction = {self.val_fraction + self.test_fraction:g} "
                              "must be < 1 (something must be left to train on)")
-        """The checks of a registered source (genforge.data registers the built-in ones; an unknown name is
-        reported where the whole run config is validated, once every plug-in is loaded)."""
         if self.source in DATA_SOURCES:
             DATA_SOURCES.get(self.source).check(self)
         if self.images is not None:

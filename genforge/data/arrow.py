@@ -118,7 +118,7 @@ class ArrowSource(ShardsSource):
     name = "arrow"
     path_help = "a folder written by datasets' save_to_disk"
     resize = ADM_RESIZE
-    column_fields = ("image_column", "caption_column", "label_column")
+    reads = ("image_column", "caption_column", "label_column", "shuffle_buffer")
     named_splits = True
 
     def files(self, spec: str) -> list[str]:

@@ -72,8 +72,12 @@ class DataSource:
     judge_classes: bool = False  # its labels are the built-in shapes classes, which the shapes judge (eval) knows
     motion: bool = False  # its samples carry `direction`, the motion of moving shapes (metric recon_direction)
     CONDITION_FIELDS = ("text", "label", "direction")  # what a sample conditions a generator on
-    column_fields: tuple[str, ...] = ()  # the data.*_column fields it reads (tables: metadata files, parquet)
-    COLUMN_FIELDS = ("image_column", "caption_column", "label_column")
+    # the data fields only some sources read (tables' columns, a stream's shuffle, shards' embedding files): each
+    # source names those it reads in `reads`, and one set to other than its default for a source that does not read
+    # it is an error naming the field and its readers; the other data fields are every source's (DataConfig)
+    SOURCE_FIELDS = ("image_column", "caption_column", "label_column", "shuffle_buffer", "image_embeds",
+                     "embed_index_width")
+    reads: tuple[str, ...] = ()
     named_splits: bool = False  # its data may have named splits (split folders, files named by split): data.split
 
     def check(self, cfg: DataConfig) -> None:
@@ -83,10 +87,11 @@ class DataSource:
         if cfg.split != DEFAULT_SPLIT and not self.named_splits:
             raise ValueError(f"data.split={cfg.split!r} applies to data with named splits (data.source folder, "
                              f"video_folder, parquet, arrow), not data.source={self.name}")
-        for name in self.COLUMN_FIELDS:
-            if name not in self.column_fields and getattr(cfg, name) != type(cfg).model_fields[name].default:
-                raise ValueError(f"data.{name} is not read by data.source={self.name} (only by sources of tables: "
-                                 "folder metadata.jsonl / metadata.csv, parquet)")
+        for name in self.SOURCE_FIELDS:
+            if name not in self.reads and getattr(cfg, name) != type(cfg).model_fields[name].default:
+                readers = [source for source in DATA_SOURCES if name in DATA_SOURCES.get(source).reads]
+                raise ValueError(f"data.{name} is not read by data.source={self.name}; it is read by data.source "
+                                 f"{', '.join(readers)}")
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> Dataset:
         """The data set of `split` ("train" or "val"); FileNotFoundError/ValueError for a bad path."""

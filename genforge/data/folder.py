@@ -367,7 +367,7 @@ class FolderSource(DataSource):
     name = "folder"
     path_help = "an image folder"
     resize = ADM_RESIZE
-    column_fields = ("image_column", "caption_column", "label_column")
+    reads = ("image_column", "caption_column", "label_column")
     named_splits = True
     extensions = EXTENSIONS
 

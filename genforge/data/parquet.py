@@ -366,7 +366,7 @@ class ParquetSource(ShardsSource):
 
     name = "parquet"
     path_help = "parquet files: a path, glob or brace pattern, e.g. data/train-*.parquet"
-    column_fields = ("image_column", "caption_column", "label_column")
+    reads = ("image_column", "caption_column", "label_column", "shuffle_buffer")
     named_splits = True
 
     def resolved(self, cfg: DataConfig) -> DataSource:

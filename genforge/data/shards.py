@@ -468,6 +468,7 @@ class ShardsSource(DataSource):
     name = "shards"
     path_help = "webdataset shards, e.g. data/train-{000000..000127}.tar"
     resize = ADM_RESIZE
+    reads = ("shuffle_buffer", "image_embeds", "embed_index_width")
 
     def check(self, cfg: DataConfig) -> None:
         super().check(cfg)

@@ -336,6 +336,7 @@ class VideoShardsSource(ShardsSource):
 
     name = "video_shards"
     field = "video"
+    reads = ("shuffle_buffer",)
     path_help = "webdataset shards of videos, e.g. data/clips-{000000..000127}.tar"
     resize = VIDEO_RESIZE
 

@@ -260,5 +260,5 @@ def test_separate_embedding_files_in_the_dalle2_layout(tmp_path):
     for s in good:
         assert torch.allclose(s["image_embed"], torch.from_numpy(table[s["text"]].astype(np.float32)))
     assert all("no embedding for key" in s["bad"] for s in samples if "bad" in s)
-    with pytest.raises(ValueError, match="data.image_embeds applies to data.source=shards"):
+    with pytest.raises(ValueError, match="data.image_embeds is not read by data.source=shapes; it is read by data.source shards"):
         DataConfig(source="shapes", image_embeds=str(embeds))
