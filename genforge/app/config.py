@@ -17,7 +17,7 @@ import genforge.app.plugins  # noqa: F401  (fills the registries RunConfig is as
 from genforge.app.migrations import SCHEMA_VERSION, migrate
 from genforge.core.config import (MAX_EVAL_SAMPLES, MAX_GRID_SAMPLES, MAX_SAMPLES, ConfigError, DataConfig,
                                   EvalConfig, FamilyConfig, LogConfig, OnResume, StrictModel, TrainConfig)
-from genforge.core.registry import FAMILIES, METRICS
+from genforge.core.registry import DATA_SOURCES, FAMILIES, METRICS
 from genforge.data.base import source_of
 from genforge.eval.metrics import check_metrics
 
@@ -262,5 +262,9 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] | None = None) ->
 
 
 def to_yaml(config: RunConfig) -> str:
-    """The resolved config as YAML, `schema_version` first (round-trips through load_config)."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML, `schema_version` first (round-trips through load_config); the data section
+    without the fields its source does not read (`DataSource.unread`: at their defaults)."""
+    dump = config.model_dump(mode="json")
+    unread = DATA_SOURCES.get(config.data.source).unread() if config.data.source in DATA_SOURCES else ()
+    dump["data"] = {k: v for k, v in dump["data"].items() if k not in unread}
+    return yaml.safe_dump(dump, sort_keys=False)

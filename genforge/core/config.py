@@ -226,6 +226,18 @@ class DataConfig(StrictModel):
                           "video, Phenaki §3.1); kept though it did not help phenaki on moving shapes "
                           "(docs/phenaki.md): real clips are scarcer than images, the case it was made for")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_of_the_source(cls, given: Any) -> Any:
+        """Drop the sub-sections a registered source does not read (`DataSource.sections`): they mean nothing for
+        it, and its config keeps its own keys only. Joint images asked for (`images` set) stay, to be refused by
+        `joint_images` naming the source."""
+        source = given.get("source", cls.model_fields["source"].default) if isinstance(given, dict) else None
+        if not isinstance(source, str) or source not in DATA_SOURCES:
+            return given
+        unread = DATA_SOURCES.get(source).unread_sections()
+        return {k: v for k, v in given.items() if k not in unread or (k == "images" and v is not None)}
+
     @model_validator(mode="after")
     def _source_checks(self) -> "DataConfig":
         """The shares' sum, then the checks of a registered source (genforge.data registers the built-in ones, and

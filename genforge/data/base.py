@@ -78,6 +78,12 @@ class DataSource:
     SOURCE_FIELDS = ("image_column", "caption_column", "label_column", "shuffle_buffer", "image_embeds",
                      "embed_index_width")
     reads: tuple[str, ...] = ()
+    # the data sub-sections only some sources read: the built-in shapes, clips (video sources, and caches of clips,
+    # whose token layout a family reads), joint images (video sources); a source's config keeps those it names in
+    # `sections` and drops the others on validation (a preset's shapes section under --set data.source=folder means
+    # nothing, as it meant nothing before), so a written config carries its source's keys only
+    SECTIONS = ("shapes", "video", "images")
+    sections: tuple[str, ...] = ()
     named_splits: bool = False  # its data may have named splits (split folders, files named by split): data.split
 
     def check(self, cfg: DataConfig) -> None:
@@ -92,6 +98,14 @@ class DataSource:
                 readers = [source for source in DATA_SOURCES if name in DATA_SOURCES.get(source).reads]
                 raise ValueError(f"data.{name} is not read by data.source={self.name}; it is read by data.source "
                                  f"{', '.join(readers)}")
+
+    def unread_sections(self) -> tuple[str, ...]:
+        """The data sub-sections this source does not read (dropped on validation: their defaults)."""
+        return tuple(name for name in self.SECTIONS if name not in self.sections)
+
+    def unread(self) -> tuple[str, ...]:
+        """The data fields and sub-sections this source does not read: at their defaults, and not written."""
+        return tuple(name for name in self.SOURCE_FIELDS if name not in self.reads) + self.unread_sections()
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> Dataset:
         """The data set of `split` ("train" or "val"); FileNotFoundError/ValueError for a bad path."""

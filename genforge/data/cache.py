@@ -287,6 +287,7 @@ class CacheSource(DataSource):
 
     name = "cache"
     path_help = "a folder written by `genforge encode`"
+    sections = ("video",)  # a cache of clips: the families read the clips' length from data.video
     field = "codes"  # its samples hold a codec's codes (`latent`, `tokens`), not pixels
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> CacheDataset:

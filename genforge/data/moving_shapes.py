@@ -167,6 +167,7 @@ class MovingShapesSource(DataSource):
 
     name = "moving_shapes"
     field = "video"
+    sections = ("shapes", "video", "images")
     resize = "rendered at data.image_size (4x supersampled, box-filtered)"
     judge_classes, motion = True, True
 

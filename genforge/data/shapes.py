@@ -262,6 +262,7 @@ class ShapesSource(DataSource):
 
     name = "shapes"
     resize = "rendered at data.image_size (4x supersampled, box-filtered)"
+    sections = ("shapes",)
     judge_classes = True
 
     def build(self, cfg: DataConfig, split: str, flip: bool, world_size: int | None) -> ShapesDataset:

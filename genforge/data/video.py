@@ -269,6 +269,7 @@ class VideoFolderSource(FolderSource):
 
     name = "video_folder"
     field = "video"
+    sections = ("video", "images")
     path_help = "a folder of videos"
     resize = VIDEO_RESIZE
     extensions = VIDEO_EXTENSIONS
@@ -337,6 +338,7 @@ class VideoShardsSource(ShardsSource):
     name = "video_shards"
     field = "video"
     reads = ("shuffle_buffer",)
+    sections = ("video", "images")
     path_help = "webdataset shards of videos, e.g. data/clips-{000000..000127}.tar"
     resize = VIDEO_RESIZE
 

@@ -3,7 +3,9 @@ added to DataConfig that no source declares, and that is not every source's, fai
 lands in the shared section unannounced; a source's field set for another source is refused naming its readers."""
 
 import pytest
+import yaml
 
+from genforge.app.config import load_config, to_yaml
 from genforge.core.config import DataConfig
 from genforge.core.registry import DATA_SOURCES
 from genforge.data.base import DataSource
@@ -33,3 +35,13 @@ def test_a_field_of_another_source_is_refused_naming_its_readers(source):
         with pytest.raises(ValueError, match=f"data.{name} is not read by data.source={source}; it is read by "
                                              f"data.source {', '.join(readers)}"):
             DataConfig(source=source, path="somewhere", **{name: value})
+
+
+@pytest.mark.parametrize("source", ["shapes", "folder", "shards", "parquet", "moving_shapes", "video_folder", "arrow"])
+def test_a_written_config_carries_its_sources_keys_only(source):
+    """config.yaml's data section: the fields every source reads, and those of this source (`reads`, `sections`);
+    a preset's shapes section under another source is dropped, as it meant nothing there."""
+    written = yaml.safe_load(to_yaml(load_config("dit-shapes", [f"data.source={source}", "data.path=somewhere"])))
+    own = DATA_SOURCES.get(source)
+    assert set(written["data"]) == EVERY_SOURCE - set(DataSource.SECTIONS) | set(own.reads) | set(own.sections)
+    assert ("shapes" in written["data"]) == (source in ("shapes", "moving_shapes"))
