@@ -16,7 +16,8 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_m
 import genforge.app.plugins  # noqa: F401  (fills the registries RunConfig is assembled from)
 from genforge.app.migrations import SCHEMA_VERSION, migrate
 from genforge.core.config import (MAX_EVAL_SAMPLES, MAX_GRID_SAMPLES, MAX_SAMPLES, ConfigError, DataConfig,
-                                  EvalConfig, FamilyConfig, LogConfig, OnResume, StrictModel, TrainConfig)
+                                  EvalConfig, FamilyConfig, LogConfig, OnResume, PhaseConfig, StrictModel,
+                                  TrainConfig)
 from genforge.core.registry import DATA_SOURCES, FAMILIES, METRICS
 from genforge.data.base import source_of
 from genforge.eval.metrics import check_metrics
@@ -71,6 +72,12 @@ class RunConfig(StrictModel):
             self.eval.metrics = list(traits.metrics)
         if self.train.grad_clip is None:  # the family's (its seed trainer's), written into config.yaml as resolved
             self.train.grad_clip = traits.grad_clip
+            phases = dict(self.train.phases)
+            for phase, clip in traits.phase_grad_clip:
+                settings = phases.get(phase) or PhaseConfig()
+                if settings.grad_clip is None:
+                    phases[phase] = settings.model_copy(update={"grad_clip": clip})
+            self.train.phases = phases
         try:
             check_metrics(self.eval.metrics, traits.roles)
         except ValueError as err:

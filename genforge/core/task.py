@@ -70,6 +70,10 @@ class FamilyTraits:
     # train.grad_clip by default (0: no clipping): the max grad norm of the family's seed trainer where it sets one
     # (DiT's train.py: none; DALLE2-pytorch: 0.5), else genforge's 1.0; a run's config.yaml holds the value it used
     grad_clip: float = 1.0
+    # (phase, max grad norm) of the phases the seed clips otherwise by default (phenaki-pytorch's CViViTTrainer: the
+    # autoencoder at 0.5, its discriminator not at all), set into train.phases with grad_clip when a run leaves both
+    # unset
+    phase_grad_clip: tuple[tuple[str, float], ...] = ()
     sample_options: type[SampleOptions] = SampleOptions  # its `genforge sample` options: the common ones + its own
     # the classes of the blocks its networks stack (classes, or "module:Class" imported on first use):
     # train.sharding=fsdp shards them one by one, train.compile compiles them, model.grad_checkpointing recomputes them

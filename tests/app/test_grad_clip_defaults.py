@@ -24,7 +24,7 @@ SEED_CLIPPING = {
 }
 SEED_CLIPPING.update({
     "phenaki": ("phenaki-debug", 0.0, "phenaki-pytorch PhenakiTrainer: max_grad_norm=None"),
-    "cvivit": ("cvivit-debug", 0.5, "phenaki-pytorch CViViTTrainer: 0.5 on the autoencoder (cvivit-paper: none on D)"),
+    "cvivit": ("cvivit-debug", 0.5, "phenaki-pytorch CViViTTrainer: 0.5 on the autoencoder, none on D"),
 })
 OWNED_ELSEWHERE: dict[str, tuple[str, float]] = {}
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -50,7 +50,7 @@ def test_a_set_grad_clip_wins_and_zero_means_off(value):
 
 @pytest.mark.parametrize("preset", ["unet-shapes", "dit-shapes", "dit-latent-shapes", "dvae-shapes", "vqgan-shapes",
                                     "dalle2-decoder-shapes", "dalle2-prior-shapes", "cvivit-moving-shapes",
-                                    "phenaki-moving-shapes"])
+                                    "phenaki-moving-shapes", "phenaki-moving-shapes-frames"])
 def test_presets_whose_figures_were_measured_with_clipping_at_1_keep_it(preset):
     assert load_config(preset).train.grad_clip == 1.0
 
@@ -71,6 +71,21 @@ def test_resuming_an_old_run_with_a_config_that_leaves_it_unset_changes_it_and_s
 def test_the_trainer_clips_each_phase_with_the_built_default(tmp_path):
     trainer = make_trainer(load_config("dit-debug", ["train.steps=1"]), tmp_path)
     assert trainer.phase_train["main"].grad_clip == 0.0
+
+
+def test_cvivit_clips_its_autoencoder_at_half_and_its_discriminator_not_as_phenaki_pytorch(tmp_path):
+    """CViViTTrainer clips the autoencoder's gradients at 0.5 and leaves the discriminator's alone: the built
+    trainer's phases, from a config that leaves clipping unset; a set train.grad_clip (a preset measured at 1.0) is
+    every phase's, and a phase's own setting wins."""
+    trainer = make_trainer(load_config("cvivit-debug", ["train.steps=1", "train.grad_clip=null"]), tmp_path / "a")
+    assert trainer.phase_train["generator"].grad_clip == 0.5
+    assert trainer.phase_train["discriminator"].grad_clip == 0.0
+    written = config_from_dict(load_config("cvivit-debug", ["train.grad_clip=null"]).model_dump(mode="json"))
+    assert written.train.phases["discriminator"].grad_clip == 0.0  # config.yaml holds it, resolved
+    pinned = load_config("cvivit-debug", ["train.grad_clip=1.0"])
+    assert pinned.train.for_phase("discriminator").grad_clip == 1.0
+    own = load_config("cvivit-debug", ["train.grad_clip=null", "train.phases.discriminator.grad_clip=0.25"])
+    assert own.train.for_phase("discriminator").grad_clip == 0.25
 
 
 def test_a_train_section_built_by_hand_takes_the_default_it_is_handed():

@@ -8,7 +8,7 @@ from genforge.families.cvivit.config import CViViTConfig
 from genforge.tokenizers.config import DISCRETE_TOKENIZER_TRAITS
 
 register_family(CViViTConfig, "genforge.families.cvivit.task:CViViTTask", Path(__file__).parent / "presets",
-                # train.grad_clip 0.5: phenaki-pytorch's CViViTTrainer clips the autoencoder at 0.5 (its discriminator not:
-                # train.phases.discriminator.grad_clip 0, as cvivit-paper sets)
+                # phenaki-pytorch's CViViTTrainer clips the autoencoder at 0.5 and its discriminator not at all
+                # (train.grad_clip 0.5, train.phases.discriminator.grad_clip 0 when a run leaves both unset)
                 traits=DISCRETE_TOKENIZER_TRAITS.but(block_types=("genforge.nn.attention:PreNormBlock",),
-                                                     grad_clip=0.5))
+                                                     grad_clip=0.5, phase_grad_clip=(("discriminator", 0.0),)))
