@@ -5,6 +5,11 @@ model and EMA weights of both step-4 checkpoints are equal bit for bit.
 
     git worktree add /tmp/genforge-old e6d4f29
     python benchmarks/resume_across_versions.py --old-tree /tmp/genforge-old --presets dit-debug vqgan-debug
+    python benchmarks/resume_across_versions.py --old-tree /tmp/genforge-old --presets cvivit-debug \
+        --set train.phases.discriminator.grad_clip=0.5    # a default changed between the two: pin the old one
+
+A default that changed between the two checkouts makes the runs differ by design (the resumed run trained its first
+half with the old default); `--set KEY=VALUE` pins it in all three runs.
 """
 
 from __future__ import annotations
@@ -44,12 +49,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old-tree", type=Path, required=True, help="a checkout of the older genforge")
     parser.add_argument("--presets", nargs="+", default=["dit-debug", "vqgan-debug"])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every run (e.g. pinning a default that changed)")
     args = parser.parse_args()
-    sets = [a for o in OVERRIDES for a in ("--set", o)]
+    overrides = OVERRIDES + args.overrides
+    sets = [a for o in overrides for a in ("--set", o)]
     with tempfile.TemporaryDirectory(prefix="genforge-versions-") as tmp:
         for preset in args.presets:
             resumed, straight = Path(tmp) / f"{preset}-resumed", Path(tmp) / f"{preset}-straight"
-            run(args.old_tree.resolve(), ["-c", STOPPED_RUN, preset, str(resumed), *OVERRIDES])
+            run(args.old_tree.resolve(), ["-c", STOPPED_RUN, preset, str(resumed), *overrides])
             run(HERE, ["-m", "genforge", "train", preset, "--run-dir", str(resumed), *sets])
             run(HERE, ["-m", "genforge", "train", preset, "--run-dir", str(straight), *sets])
             a, b = weights(resumed), weights(straight)
