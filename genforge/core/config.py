@@ -14,6 +14,7 @@ from pydantic.fields import FieldInfo
 
 from genforge.core.codec import InputRun
 from genforge.core.errors import ConfigError
+from genforge.core.precision import resolve_auto
 from genforge.core.registry import DATA_SOURCES
 
 __all__ = ["ConfigChange", "ConfigError", "DataConfig", "EmaConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig",
@@ -358,7 +359,10 @@ class TrainConfig(OptimizerSettings):
     steps: Annotated[int, OnResume.CHANGE] = Field(1000, gt=0, description="total optimizer steps")
     batch_size: int = Field(32, gt=0, le=MAX_BATCH, description="global batch (all ranks x accumulation)")
     grad_accum: Annotated[int, OnResume.CHANGE] = Field(1, ge=1)
-    precision: Annotated[Literal["no", "bf16", "fp16"], OnResume.CHANGE] = "no"
+    precision: Annotated[Literal["no", "bf16", "fp16"], OnResume.CHANGE] = Field(
+        "no", description="autocast of the networks: no (float32), bf16, fp16 (CUDA, with a grad scaler); auto: bf16 "
+                          "where the device runs it natively (a CUDA GPU with bf16, a CPU with AVX-512-BF16 / AMX), "
+                          "else no, written resolved into config.yaml")
     sharding: Literal["none", "fsdp"] = Field(
         "none", description="none: every process holds all weights (DDP); fsdp: the trained weights, gradients, "
                             "optimizer state and EMA are split over the processes (FSDP2, docs/scaling.md)")
@@ -411,8 +415,9 @@ class TrainConfig(OptimizerSettings):
     @field_validator("precision", mode="before")
     @classmethod
     def _yaml_no(cls, value: Any) -> Any:
-        """`precision: no` in YAML (and `--set train.precision=no`) reads as the boolean false (YAML 1.1)."""
-        return "no" if value is False else value
+        """`precision: no` in YAML (and `--set train.precision=no`) reads as the boolean false (YAML 1.1); `auto`
+        is resolved for this machine's device (core.precision.resolve_auto)."""
+        return "no" if value is False else resolve_auto(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from genforge.core import precision
+from genforge.core.config import TrainConfig
 from genforge.core.precision import autocast, check_precision
 
 
@@ -26,3 +28,13 @@ def test_autocast_runs_matmuls_in_the_precision_and_no_leaves_float32():
         product = a @ b
     assert product.dtype == torch.bfloat16
     torch.testing.assert_close(product.float(), a @ b, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("native, resolved", [(True, "bf16"), (False, "no")])
+def test_auto_is_bf16_where_the_device_has_it_natively_else_float32_written_resolved(monkeypatch, native, resolved):
+    """train.precision: auto resolves when the section is validated (so config.yaml records what trained): bf16 on
+    a device with native bf16 (a CUDA GPU with bf16, a CPU with AVX-512-BF16 / AMX), else no; other values stay."""
+    monkeypatch.setattr(precision, "native_bf16", lambda: native)
+    assert TrainConfig(precision="auto").precision == resolved
+    assert TrainConfig.model_validate({"precision": "auto"}).model_dump()["precision"] == resolved
+    assert TrainConfig(precision="no").precision == "no" and TrainConfig(precision="bf16").precision == "bf16"
