@@ -428,5 +428,7 @@ def test_gemm_prints_the_hosts_fp32_rate():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gemm.py"), "--size", "128", "--repeats", "3"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    rate = re.fullmatch(r"fp32 GEMM 128x128, 2 threads: ([0-9.]+) GFLOP/s \(median of 3\)\n", done.stdout)
-    assert rate is not None and float(rate.group(1)) > 0, done.stdout
+    rate = re.fullmatch(r"fp32 GEMM 128x128, 2 threads: ([0-9.]+) GFLOP/s \(median of 3\)\n"
+                        r"bf16 GEMM 128x128, 2 threads: ([0-9.]+) GFLOP/s \((native|emulated)\) \(median of 3\)\n",
+                        done.stdout)
+    assert rate is not None and float(rate.group(1)) > 0 and float(rate.group(2)) > 0, done.stdout
