@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 from torch import Tensor, nn
 
@@ -70,6 +71,11 @@ def _accelerator(tc: TrainConfig, ddp: DistributedDataParallelKwargs) -> Acceler
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=tc.dist_timeout_s))
     # torchrun/accelerate launch without CUDA: accelerate joins the (gloo) process group only when told cpu=True
     multi_cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != tc.precision:
+        # accelerate keeps one state per process and refuses another precision in it: a second run in the same
+        # Python process (genforge.train twice, e.g. the default preset's bf16 after a float32 run) starts a fresh
+        # one; the process group (accelerate's PartialState) is kept
+        AcceleratorState._reset_state()
     acc = Accelerator(mixed_precision=tc.precision, cpu=multi_cpu, kwargs_handlers=[ddp, timeout])
     if acc.num_processes != int(os.environ.get("WORLD_SIZE", "1")):
         raise RuntimeError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']} but accelerate joined "

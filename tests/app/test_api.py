@@ -128,6 +128,16 @@ def test_train_takes_a_run_config_and_overrides(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_two_runs_of_other_precisions_train_in_one_python_process(tmp_path):
+    """genforge.train twice in one process (a notebook: a float32 run, then the default preset, bf16 where the CPU has
+    it natively): accelerate's one state per process would refuse the second precision; each run gets its own."""
+    base = ["train.steps=1", "train.sample_every=0", "train.checkpoint_every=1", "data.num_workers=0"]
+    for precision in ("no", "bf16", "no"):
+        out = genforge.train("dit-debug", [*base, f"train.precision={precision}"], run_dir=tmp_path / precision,
+                             fresh=True)
+        assert load_config(str(out / "config.yaml")).train.precision == precision
+
+
 def test_import_genforge_stays_light():
     """`import genforge` (run by every submodule's import) loads neither the API nor torch; the names load on use."""
     code = ("import sys, genforge; assert 'torch' not in sys.modules and 'genforge.app.api' not in sys.modules; "

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from genforge.app.config import load_config
-from genforge.engine import state as state_module
+from genforge.engine import checkpoint as checkpoint_module
 from genforge.engine.checkpoint import CheckpointDir, CheckpointError
 from genforge.app.runs import make_trainer
 from genforge.engine.trainer import TrainingError
@@ -67,7 +67,7 @@ def test_preemption_signal_checkpoints_and_exits(reference, tmp_path, sig, code)
 def test_checkpoint_write_error_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     cfg = load_config("dit-debug", ["train.checkpoint_every=2", "train.sample_every=0"])
     calls = {"n": 0}
-    real = state_module.save_tensors
+    real = checkpoint_module.save_tensors
 
     def fails_second_time(path, tensors):
         calls["n"] += 1
@@ -76,7 +76,7 @@ def test_checkpoint_write_error_keeps_the_previous_checkpoint(tmp_path, monkeypa
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(path, tensors)
 
-    monkeypatch.setattr(state_module, "save_tensors", fails_second_time)
+    monkeypatch.setattr(checkpoint_module, "save_tensors", fails_second_time)
     with pytest.raises(CheckpointError) as info:
         make_trainer(cfg, tmp_path).fit()
     message = str(info.value)

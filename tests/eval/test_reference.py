@@ -17,6 +17,7 @@ from genforge.app.config import load_config
 from genforge.core.config import DataConfig
 from genforge.data.shapes import write_shapes_folder
 from genforge.eval import metrics as metrics_module
+from genforge import sampling
 from genforge.eval import run as run_module
 from genforge.nn.features import FeatureNetworkUnavailable, InceptionLogits, fid_inception_path
 from genforge.eval.reference import load_stats, reference_source, reference_stats
@@ -84,8 +85,8 @@ def test_generator_metrics_end_to_end_with_a_stand_in_network(cfg, tiny, status)
 
 def test_samples_do_not_depend_on_how_they_are_split():
     task, cond = NoiseGenerator(), {"label": torch.arange(10) % 16}
-    whole = run_module.generate(task, 10, 3, "cpu", batch_size=4)[0]
-    shares = [dict(run_module.sample_chunks(task, cond, 10, 3, "cpu", 4, rank, 2)) for rank in (0, 1)]
+    whole = sampling.generate(task, 10, 3, "cpu", batch_size=4)[0]
+    shares = [dict(sampling.sample_chunks(task, cond, 10, 3, "cpu", 4, rank, 2)) for rank in (0, 1)]
     assert sorted(shares[0]) == [0, 8] and sorted(shares[1]) == [4]
     assert torch.equal(torch.cat([{**shares[0], **shares[1]}[k] for k in (0, 4, 8)]), whole)
 
