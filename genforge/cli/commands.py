@@ -79,6 +79,9 @@ def train(
         _fail(str(err), code=1)
     except OSError as err:  # e.g. the disk filled up while writing metrics.jsonl or a preview
         _fail(f"could not write the run in {target}: {err}", code=1)
+    if dist.is_initialized():  # every rank finished: leave the process group before the interpreter exits (its
+        # threads torn down at exit can abort a finished run with SIGABRT)
+        dist.destroy_process_group()
     if trainer.accelerator.is_main_process:
         samples = sorted(p for p in (out / "samples").glob("step-*.*") if p.suffix != ".txt")  # not the captions
         typer.echo(f"run directory: {out}")

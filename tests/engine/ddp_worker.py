@@ -65,3 +65,5 @@ state = {k: whole(v).detach().cpu().contiguous() for k, v in trainer.task.state_
 save_file(state, str(Path(out_dir) / f"rank{rank}-of{trainer.accelerator.num_processes}.safetensors"))
 shadow = {k: whole(v).detach().cpu().contiguous() for k, v in trainer.state.ema.state_dict().items()}
 save_file(shadow, str(Path(out_dir) / f"ema-rank{rank}-of{trainer.accelerator.num_processes}.safetensors"))
+if torch.distributed.is_initialized():  # as genforge train does: leave the process group before exiting
+    torch.distributed.destroy_process_group()

@@ -219,7 +219,8 @@ def test_the_magnitude_preserving_unets_weight_projection_runs_on_each_ranks_sha
     rank's dim-0 shard (whole output channels), so the losses are DDP's and every stored filter is at RMS 1."""
     mp = ["--set", "data.image_size=16", "--set", "model.backbone.dim=16", "--set", "model.backbone.dim_mults=[1,2]",
           "--set", "model.backbone.attention_levels=[1]", "--set", "model.backbone.head_dim=16", "--set",
-          "model.backbone.magnitude_preserving=true", "--set", "train.lr=0.1", "--set", "eval.every=0"]
+          "model.backbone.magnitude_preserving=true", "--set", "train.lr=0.1", "--set", "eval.every=0",
+          "--set", "train.precision=no"]  # float32: the preset's auto is bf16 on a CPU with it
     for sharding in ("fsdp", "none"):
         _train(tmp_path / sharding, "unet-shapes", sharding, 6, 2, *mp)
     assert max(_relative_gap(_losses(tmp_path / "fsdp"), _losses(tmp_path / "none"))) < 1e-5
