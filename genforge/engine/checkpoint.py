@@ -323,11 +323,10 @@ def _from_version_1(state: dict[str, Any], folder: Path) -> dict[str, Any]:
     a version, with what a checkpoint written without them meant: data consumed up to its step, no rollback, no
     evaluation, no referred inputs, the stream's slots unknown; its optimizer files whatever optim/ holds, and each
     phase trained in it having counted one EMA update a step (what the EMA warm-up counted then)."""
-    step = int(state["step"])
-    trained = [stem for stem in saved_optimizer_states(folder) if stem != GRAD_SCALER]
+    step, optim_files = int(state["step"]), saved_optimizer_states(folder)
     return {"sharding": "fsdp" if (folder / SHARDS).is_dir() else "none", "data_position": step, "rollbacks": 0,
-            "data_slots": None, "eval": None, "inputs": {}, "optim_files": saved_optimizer_states(folder),
-            "ema_updates": {phase: step for phase in trained}, **state}
+            "data_slots": None, "eval": None, "inputs": {}, "optim_files": optim_files,
+            "ema_updates": {phase: step for phase in optim_files if phase != GRAD_SCALER}, **state}
 
 
 # version v -> v + 1; each step adds what version v + 1 writes, given the state and the checkpoint folder

@@ -187,7 +187,8 @@ def restore(state: TrainState, path: Path, skip: Iterable[str] = ()) -> None:
     saved_phases = [p for p in task.phase_names() if p not in new_phases]
     power = bool(state.ema.power_shadows) and "ema" not in skip
     if (path / SHARDS).is_dir():
-        weights, ema_weights, power_weights, optimizer_states = _read_sharded(state, path, saved_phases, skip)
+        weights, ema_weights, power_weights, optimizer_states = _read_sharded(state, path, saved["world_size"],
+                                                                              saved_phases, skip)
     else:
         device = str(acc.device)
         weights = read_part(path, "model", device) if "model" not in skip else None
@@ -249,12 +250,12 @@ def _load_weights(module: nn.Module, tensors: dict[str, Tensor], fresh: set[int]
                        f"{missing[0]}): they start from their initial values")
 
 
-def _read_sharded(state: TrainState, path: Path, phases: list[str], skip: set[str]) -> tuple[
+def _read_sharded(state: TrainState, path: Path, world_size: int, phases: list[str], skip: set[str]) -> tuple[
         dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Tensor] | None, dict[str, Any]]:
     """The weights, EMA, other power-function EMAs (None without) and optimizer states of `phases` from a sharded
-    checkpoint, read (a collective) into tensors laid out as this run's: each rank its own shards at this world
-    size, whatever the checkpoint's."""
-    shards = sharded_tensors(path / SHARDS, read_trainer_state(path)["world_size"])
+    checkpoint written by `world_size` processes, read (a collective) into tensors laid out as this run's: each
+    rank its own shards at this world size, whatever the checkpoint's."""
+    shards = sharded_tensors(path / SHARDS, world_size)
     template: dict[str, Tensor] = {}
     for part, tensors in state.tensors().items():
         if part not in skip and not (part == POWER_EMA and "ema" in skip):  # weights of a phase new since the
