@@ -9,7 +9,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from genforge.core.codec import InputRun
@@ -19,7 +19,8 @@ from genforge.core.registry import DATA_SOURCES
 
 __all__ = ["ConfigChange", "ConfigError", "DataConfig", "EmaConfig", "EvalConfig", "FamilyConfig", "JointImagesConfig",
            "LogConfig", "MAX_BATCH", "MAX_EVAL_SAMPLES", "MAX_GRID_SAMPLES", "MAX_SAMPLES", "OnResume", "OptimizerSettings",
-           "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel", "TrainConfig", "config_changes", "on_resume"]
+           "PhaseConfig", "SampleOptions", "ShapesConfig", "StrictModel", "TrainConfig", "config_changes", "on_resume",
+           "section_defaults"]
 
 
 class OnResume(Enum):
@@ -45,6 +46,18 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
     # the rule of every field of a section that has one for all of them (eval, log); else each field's marker
     every_field_on_resume: ClassVar[OnResume | None] = None
+
+
+def section_defaults(**defaults: Any) -> BeforeValidator:
+    """A family's own defaults for a shared section, as metadata of its field:
+    `gan: Annotated[GANConfig | None, section_defaults(penalty="wgan_gp")] = GANConfig(penalty="wgan_gp")`.
+    A key the config leaves out of the section takes the family's default, not the shared class's, so a family that
+    only changes defaults needs no subclass (one class, one set of fields, for every family that uses it)."""
+
+    def fill(value: Any) -> Any:
+        return {**defaults, **value} if isinstance(value, dict) else value
+
+    return BeforeValidator(fill)
 
 
 def on_resume(section: type[BaseModel], name: str) -> OnResume | None:

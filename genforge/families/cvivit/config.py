@@ -7,20 +7,13 @@ trained with). The paper's video perceptual term (I3D features, weight 1.0) read
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from genforge.core.config import DataConfig, EvalConfig, StrictModel
+from genforge.core.config import DataConfig, EvalConfig, StrictModel, section_defaults
 from genforge.nn.quantizers import QuantizerConfig
 from genforge.tokenizers.config import GANConfig, PerceptualConfig, ReconstructionLoss, TokenizerConfig
-
-
-class CViViTPerceptualConfig(PerceptualConfig):
-    """The shared perceptual loss at Phenaki's weight 0.1, also when a config names the section without a weight."""
-
-    weight: float = Field(0.1, ge=0.0, description="Phenaki's 0.1 (Villegas et al. 2022); 1.0: the shared "
-                                                   "tokenizers' default, cvivit's before; 0: off")
 
 
 class VideoPerceptualConfig(StrictModel):
@@ -54,7 +47,9 @@ class CViViTConfig(TokenizerConfig):
                                                     "patches are put back (0: the paper's linear output)")
     reconstruction_loss: ReconstructionLoss = Field("mse", description="mse: L2, Phenaki's (Villegas et al. "
                                                                        "2022); l1: cvivit's default before")
-    perceptual: CViViTPerceptualConfig = CViViTPerceptualConfig()
+    # the shared perceptual loss at Phenaki's weight 0.1 (Villegas et al. 2022), also when a config names the section
+    # without a weight; 1.0: the shared tokenizers' default, cvivit's before; 0: off
+    perceptual: Annotated[PerceptualConfig, section_defaults(weight=0.1)] = PerceptualConfig(weight=0.1)
     video_perceptual: VideoPerceptualConfig = VideoPerceptualConfig()
     quantizer: QuantizerConfig = QuantizerConfig(codebook_size=1024)
     gan: GANConfig | None = GANConfig()

@@ -9,20 +9,13 @@ scalar quantization (FSQ, Mentzer et al. 2023)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
+from genforge.core.config import section_defaults
 from genforge.nn.quantizers import QuantizerConfig
-from genforge.tokenizers.config import ConvStackConfig, GANConfig, Penalty
-
-
-class MuseGANConfig(GANConfig):
-    """The patch GAN with muse-maskgit-pytorch VQGanVAE's gradient penalty by default, WGAN-GP's
-    λ · (‖∇D(x)‖ − 1)² on the real images, λ 10, every 4 discriminator steps; its adversarial weight stays taming's
-    unless `adversarial_weight: adaptive_perceptual` (MUSE's, with weight 1.0)."""
-
-    penalty: Penalty = Field("wgan_gp", description=GANConfig.model_fields["penalty"].description)
+from genforge.tokenizers.config import ConvStackConfig, GANConfig
 
 
 class VQGANConfig(ConvStackConfig):
@@ -35,4 +28,7 @@ class VQGANConfig(ConvStackConfig):
     z_channels: int = Field(64, ge=1, le=1024, description="channels of the encoder's output and the decoder's "
                                                             "input (the quantizer works on these)")
     quantizer: QuantizerConfig = QuantizerConfig()
-    gan: MuseGANConfig | None = MuseGANConfig()
+    # the patch GAN with muse-maskgit-pytorch VQGanVAE's gradient penalty by default, WGAN-GP's
+    # λ · (‖∇D(x)‖ − 1)² on the real images, λ 10, every 4 discriminator steps; its adversarial weight stays taming's
+    # unless `adversarial_weight: adaptive_perceptual` (MUSE's, with weight 1.0)
+    gan: Annotated[GANConfig | None, section_defaults(penalty="wgan_gp")] = GANConfig(penalty="wgan_gp")
