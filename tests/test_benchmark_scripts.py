@@ -189,7 +189,8 @@ def test_peer_unet_is_the_scripts_layout_scaled_to_the_resolution():
     assert tuple(model.config.block_out_channels) == (8, 16, 16, 32, 32)
     x = torch.randn(2, 3, 32, 32)
     assert model(x, torch.tensor([0, 999])).sample.shape == x.shape
-    # --peer-width-divisor 8: the CPU's peer, about genforge's unet-shapes in parameters (1.7 M against 1.4 M)
+    # --peer-width-divisor 8: the CPU's peer, about the unet-shapes U-Net of its measurements in parameters (1.7 M
+    # against 1.4 M; the preset's U-Net has 1.0 M since 2026-12-03)
     assert tuple(peer.peer_unet(32, width_divisor=8).config.block_out_channels) == (16, 32, 32, 64, 64)
 
 
